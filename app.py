@@ -1,0 +1,200 @@
+"""Token Recycling, step by step, against plain greedy decoding (``python app.py``).
+
+Layout and event wiring only: the method lives in ``tr_core``, the panels in ``components``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+
+import gradio as gr
+import torch
+
+from components.model_hub import ModelHub
+from components.session import Session, Settings, UserError
+from tr_core.decoders.recycling import default_tree_name
+from tr_core.models import EMBEDDED_LABEL, pick_device
+from tr_core.trees import list_presets
+
+ASSETS = Path(__file__).with_name("assets")
+MODEL_CHOICES = [EMBEDDED_LABEL, "Qwen/Qwen2.5-0.5B-Instruct", "meta-llama/Llama-3.2-1B-Instruct",
+                 "lmsys/vicuna-7b-v1.3"]
+
+
+def _error_text(err: BaseException) -> str:
+    if isinstance(err, UserError):
+        return f"⚠️ {err}"
+    if isinstance(err, torch.OutOfMemoryError):
+        return "⚠️ The device ran out of memory; this session was reset. Try a smaller tree or fewer tokens."
+    return f"⚠️ Something went wrong ({type(err).__name__}: {err}); this session was reset."
+
+
+def build_app(hub: ModelHub, cap: int = 256, default_tokens: int = 96) -> gr.Blocks:
+    device = pick_device(hub.device)
+    examples = json.loads((ASSETS / "examples.json").read_text())
+    trees = list_presets() + ["chain-4"]
+
+    with gr.Blocks(title="Token Recycling, step by step") as demo:
+        session = gr.State(None, time_to_live=3600)
+        gr.Markdown("## ♻️ Token Recycling, step by step\nWatch a lossless speculative decoder draft a tree "
+                    "from recycled candidates, verify it in one forward pass, and race plain greedy decoding.")
+        with gr.Row():
+            with gr.Column(scale=3):
+                prompt = gr.Textbox(label="Prompt", lines=3, elem_id="prompt", placeholder="Ask something…")
+                gr.Examples([[e["prompt"]] for e in examples], inputs=[prompt],
+                            example_labels=[e["category"] for e in examples], label="Examples")
+                with gr.Row():
+                    step_btn = gr.Button("Step", variant="primary", elem_id="step")
+                    play_btn = gr.Button("▶ Play", elem_id="play")
+                    run_btn = gr.Button("Run to end", elem_id="run")
+                    reset_btn = gr.Button("Reset", elem_id="reset")
+                speed = gr.Slider(0.5, 5, value=2, step=0.5, label="Play speed (steps per second)")
+            with gr.Column(scale=2):
+                with gr.Accordion("Settings", open=False):
+                    model = gr.Dropdown(MODEL_CHOICES, value=EMBEDDED_LABEL, allow_custom_value=True,
+                                        label="Model (any Hugging Face id on a GPU host)")
+                    tree = gr.Dropdown(trees, value=default_tree_name(device), label="Draft tree",
+                                       allow_custom_value=True)
+                    k = gr.Slider(1, 8, value=8, step=1, label="k (candidates per matrix row)")
+                    max_new = gr.Slider(1, cap, value=min(default_tokens, cap), step=1, label="Max new tokens")
+                    hot = gr.Checkbox(True, label="Hot start (keep the matrix between prompts)")
+                    with gr.Row():
+                        reset_matrix_btn = gr.Button("Reset matrix", size="sm")
+                        save_btn = gr.Button("Save matrix", size="sm")
+                        load_btn = gr.UploadButton("Load matrix", size="sm", file_types=[".safetensors"])
+                    matrix_file = gr.File(label="Matrix file", visible=False)
+                counters = gr.HTML(elem_id="counters")
+                status = gr.Markdown(elem_id="status")
+        phases = gr.HTML(elem_id="phases")
+        with gr.Row():
+            tree_plot = gr.Plot(elem_id="tree-plot", label="Draft tree")
+            heatmap = gr.Plot(elem_id="matrix-heatmap", label="Matrix")
+        with gr.Row():
+            with gr.Column(scale=3):
+                text = gr.HTML(elem_id="output-text")
+            with gr.Column(scale=2):
+                charts = gr.Plot(elem_id="charts", label="Acceptance and speedup")
+        timer = gr.Timer(0.5, active=False)
+
+        settings_inputs = [model, tree, k, max_new, hot]
+        views = [tree_plot, heatmap, text, counters, charts, phases]
+
+        def settings(model_, tree_, k_, max_new_, hot_) -> Settings:
+            return Settings(str(model_ or ""), str(tree_ or "default"), int(k_ or 8),
+                            int(max_new_) if max_new_ is not None else 0, bool(hot_))
+
+        def render(sess: Session, message: str = ""):
+            return (sess, *sess.views(), message or sess.message)
+
+        def do_step(prompt_, *args):
+            *rest, sess = args
+            sess = sess or Session()
+            try:
+                sess.step(hub, prompt_, settings(*rest), cap)
+                return render(sess)
+            except Exception as err:  # every failure becomes words in the page
+                if not isinstance(err, UserError):
+                    sess.reset()
+                return render(sess, _error_text(err))
+
+        def do_run(prompt_, *args):
+            *rest, sess = args
+            sess = sess or Session()
+            try:
+                sess.step(hub, prompt_, settings(*rest), cap)
+                yield render(sess)
+                while not sess.race.done:
+                    sess.race.step()
+                    sess.message = "Done: end of text or token budget reached." if sess.race.done else ""
+                    yield render(sess)
+            except Exception as err:
+                if not isinstance(err, UserError):
+                    sess.reset()
+                yield render(sess, _error_text(err))
+
+        def do_tick(prompt_, *args):
+            out = do_step(prompt_, *args)
+            sess = out[0]
+            playing = sess.race is not None and not sess.race.done and not out[-1].startswith("⚠️")
+            return (*out, gr.Timer(active=playing), gr.Button(value="⏸ Pause" if playing else "▶ Play"))
+
+        def toggle_play(label, steps_per_s):
+            start = label.startswith("▶")
+            return (gr.Timer(value=1.0 / float(steps_per_s), active=start),
+                    gr.Button(value="⏸ Pause" if start else "▶ Play"))
+
+        def do_reset(sess):
+            sess = sess or Session()
+            sess.reset()
+            return (*render(sess, "Reset."), gr.Timer(active=False), gr.Button(value="▶ Play"))
+
+        def do_reset_matrix(sess):
+            sess = sess or Session()
+            if sess.matrix is not None:
+                sess.matrix.reset()
+            return render(sess, "The matrix is back to zeros: drafts start from token 0 until rows fill.")
+
+        def do_save(sess):
+            sess = sess or Session()
+            try:
+                path = sess.save_matrix()
+                return sess, gr.File(value=path, visible=True), "Matrix saved: download it below."
+            except UserError as err:
+                return sess, gr.File(visible=False), _error_text(err)
+
+        def do_load(file, *args):
+            *rest, sess = args
+            sess = sess or Session()
+            try:
+                sess.load_matrix(hub, file if isinstance(file, str) else file.name, settings(*rest))
+                return render(sess, "Matrix loaded: the next step drafts from it.")
+            except UserError as err:
+                return render(sess, _error_text(err))
+
+        def warm_up(progress=gr.Progress()):
+            progress(0.1, desc="Loading the model (about 15 s on a CPU)…")
+            try:
+                lm = hub.get(None)
+            except Exception as err:
+                return _error_text(err)
+            return f"Ready: {lm.name} on {lm.device} ({str(lm.dtype).replace('torch.', '')})."
+
+        model_work = dict(concurrency_id="model", concurrency_limit=1)
+        step_inputs = [prompt, *settings_inputs, session]
+        step_btn.click(do_step, step_inputs, [session, *views, status], **model_work)
+        prompt.submit(do_step, step_inputs, [session, *views, status], **model_work)
+        run_btn.click(do_run, step_inputs, [session, *views, status], **model_work)
+        timer.tick(do_tick, step_inputs, [session, *views, status, timer, play_btn], **model_work)
+        play_btn.click(toggle_play, [play_btn, speed], [timer, play_btn])
+        speed.change(lambda s: gr.Timer(value=1.0 / float(s)), speed, timer)
+        reset_btn.click(do_reset, session, [session, *views, status, timer, play_btn])
+        reset_matrix_btn.click(do_reset_matrix, session, [session, *views, status], **model_work)
+        save_btn.click(do_save, session, [session, matrix_file, status], **model_work)
+        load_btn.upload(do_load, [load_btn, *settings_inputs, session], [session, *views, status], **model_work)
+        demo.load(warm_up, None, status, **model_work)
+        demo.load(lambda: render(Session())[1:-1], None, views)
+    return demo
+
+
+def main(argv: list[str] | None = None) -> None:
+    env = os.environ.get
+    ap = argparse.ArgumentParser(description="Token Recycling, step by step (Gradio app)")
+    ap.add_argument("--model", default=env("TR_MODEL"), help="default model: 'embedded' or a HF id")
+    ap.add_argument("--device", default=env("TR_DEVICE"), help="cpu, cuda, cuda:1 (default: cuda if present)")
+    ap.add_argument("--dtype", default=env("TR_DTYPE"), help="float32 (CPU default), bfloat16 (GPU default)")
+    ap.add_argument("--host", default=env("GRADIO_SERVER_NAME", "127.0.0.1"))
+    ap.add_argument("--port", type=int, default=int(env("GRADIO_SERVER_PORT", "7860")))
+    ap.add_argument("--max-new-tokens-cap", type=int, default=int(env("TR_MAX_NEW_TOKENS", "256")))
+    ap.add_argument("--queue-size", type=int, default=int(env("TR_QUEUE_SIZE", "64")))
+    args = ap.parse_args(argv)
+    hub = ModelHub(args.device, args.dtype)
+    demo = build_app(hub, cap=args.max_new_tokens_cap)
+    demo.queue(max_size=args.queue_size)
+    demo.launch(server_name=args.host, server_port=args.port, css=(ASSETS / "style.css").read_text(),
+                show_error=False)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,41 @@
+"""Side-by-side counters (HTML) and two small charts: accepted length per step, speedup over steps."""
+from __future__ import annotations
+
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+
+def counters_html(fig: dict | None, method_label: str = "Token Recycling") -> str:
+    if not fig:
+        return '<div class="counters-empty">Counters appear after the first step.</div>'
+    tr, g = fig["tr"], fig["greedy"]
+    same = ("<span class='ok'>✔ identical to greedy so far</span>" if fig["identical"]
+            else "<span class='bad'>✘ differs from greedy</span>")
+
+    def row(label, a, b):
+        return f"<tr><th>{label}</th><td>{a}</td><td>{b}</td></tr>"
+    return (
+        f'<table class="counters"><tr><th></th><th>{method_label}</th><th>Greedy</th></tr>'
+        + row("tokens", tr["tokens"], g["tokens"])
+        + row("forward passes", tr["forwards"], g["forwards"])
+        + row("tokens / forward (MAT)", f"{tr['mat']:.2f}", f"{g['mat']:.2f}")
+        + row("tokens / s", f"{tr['tok_per_s']:.1f}", f"{g['tok_per_s']:.1f}")
+        + f"<tr class='speedup'><th>speedup</th><td colspan=2><b>{fig['speedup']:.2f}×</b></td></tr></table>"
+        + f"<div class='same'>{same} ({fig['compared']} tokens compared)</div>")
+
+
+def charts_figure(accepted_lengths: list[int], speedups: list[float], max_len: int = 7) -> go.Figure:
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("tokens committed per step", "speedup over steps"),
+                        horizontal_spacing=0.14)
+    counts = [accepted_lengths.count(i) for i in range(1, max_len + 1)]
+    fig.add_trace(go.Bar(x=list(range(1, max_len + 1)), y=counts, marker_color="#2e9d4f",
+                         hovertemplate="%{y} steps committed %{x} tokens<extra></extra>"), row=1, col=1)
+    fig.add_trace(go.Scatter(x=list(range(1, len(speedups) + 1)), y=speedups, mode="lines",
+                             line=dict(color="#1f4e99"), hovertemplate="step %{x}: %{y:.2f}×<extra></extra>"),
+                  row=1, col=2)
+    fig.add_hline(y=1.0, line=dict(color="#999", dash="dot", width=1), row=1, col=2)
+    fig.update_layout(height=220, margin=dict(l=10, r=10, t=30, b=10), showlegend=False, plot_bgcolor="white",
+                      uirevision="charts")
+    fig.update_xaxes(dtick=1, row=1, col=1)
+    fig.update_annotations(font_size=12)
+    return fig

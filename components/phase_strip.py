@@ -1,0 +1,37 @@
+"""One line per phase (retrieve → verify → accept → recycle) with this step's numbers."""
+from __future__ import annotations
+
+import html
+
+from tr_core.trace import Step
+
+from .tokens import visible
+
+
+def phase_html(step: Step | None, token_text) -> str:
+    if step is None:
+        return ('<div class="phases"><b>Token Recycling</b> keeps, for every token, the 8 tokens the model last '
+                'ranked highest after it. Each step it drafts a tree from that table, checks the whole tree in one '
+                'forward pass, keeps the longest correct branch, and writes every new candidate back into the '
+                'table.</div>')
+    t = step.tree
+    ms = {k: v * 1000 for k, v in step.timings.items()}
+    root = html.escape(visible(token_text(t.tokens[0]), 20))
+    acc = step.accepted_drafts
+    own = html.escape(visible(token_text(step.model_choices[step.accepted_path[-1]]), 20))
+    if step.method == "greedy":
+        return (f'<div class="phases"><span class="ph">forward</span> greedy decoding ran one token '
+                f'({root}) through the model in {ms.get("forward", 0):.0f} ms and took its top choice, {own}.</div>')
+    cells = [
+        ("retrieve", f"From the last token <b>{root}</b>, {t.size} draft tokens were read out of the matrix, "
+                     f"branch by branch ({ms.get('retrieve', 0):.1f} ms)."),
+        ("verify", f"One forward pass of {step.forward_tokens} tokens checked every branch at once, each token "
+                   f"seeing only its ancestors ({ms.get('forward', 0):.0f} ms)."),
+        ("accept", f"The longest branch matching the model's own choices had <b>{acc}</b> token{'s' * (acc != 1)}; "
+                   f"the model added <b>{own}</b>, so this step committed {len(step.committed)}."),
+        ("recycle", f"The candidates the model produced at all {step.forward_tokens} positions, accepted or not, "
+                    f"were written into {len(step.rows_written)} matrix rows ({ms.get('update', 0):.1f} ms)."),
+    ]
+    body = "".join(f'<div class="ph-cell"><span class="ph">{i + 1}. {name}</span> {text}</div>'
+                   for i, (name, text) in enumerate(cells))
+    return f'<div class="phases">{body}</div>'

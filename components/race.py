@@ -1,0 +1,47 @@
+"""A tree decoder and plain greedy decoding on the same prompt and model, advanced side by side.
+
+After every step of the tree decoder, greedy decodes until it has at least as many tokens, one
+forward at a time, in the same handler: the two never run at once, so neither slows the other.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from tr_core.decoders import Decoder, GreedyDecoder
+from tr_core.trace import Step
+
+
+@dataclass
+class Race:
+    decoder: Decoder
+    greedy: GreedyDecoder
+    speedups: list[float] = field(default_factory=list)  # cumulative speedup after each step
+
+    def start(self, prompt_ids: list[int]) -> None:
+        self.decoder.start(prompt_ids)
+        self.greedy.start(prompt_ids)
+        self.speedups = []
+
+    @property
+    def done(self) -> bool:
+        return self.decoder.done
+
+    def step(self) -> Step:
+        step = self.decoder.step()
+        while not self.greedy.done and len(self.greedy.output) < len(self.decoder.output):
+            self.greedy.step()
+        self.speedups.append(self.figures()["speedup"])
+        return step
+
+    def figures(self) -> dict:
+        """Exact counters: tokens, forwards, MAT, tok/s (from synchronised step times), speedup."""
+        def side(dec: Decoder) -> dict:
+            secs = sum(s.seconds for s in dec.steps)
+            n = len(dec.output)
+            return {"tokens": n, "forwards": len(dec.steps), "mat": n / len(dec.steps) if dec.steps else 0.0,
+                    "tok_per_s": n / secs if secs else 0.0, "seconds": secs}
+        tr, g = side(self.decoder), side(self.greedy)
+        n = min(len(self.decoder.output), len(self.greedy.output))
+        return {"tr": tr, "greedy": g,
+                "speedup": tr["tok_per_s"] / g["tok_per_s"] if g["tok_per_s"] else 0.0,
+                "identical": self.decoder.output[:n] == self.greedy.output[:n], "compared": n}

@@ -1,0 +1,132 @@
+"""Per-browser-session state and the handlers' logic, free of layout (app.py wires it to Gradio)."""
+from __future__ import annotations
+
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tr_core import AdjacencyMatrix, GreedyDecoder, MatrixFileError, TokenRecyclingDecoder
+from tr_core.decoders import DecodeError
+from tr_core.models import LoadedModel, ModelLoadError
+from tr_core.trees import TreeError
+
+from .counters import charts_figure, counters_html
+from .heatmap import heatmap_figure
+from .model_hub import ModelHub
+from .phase_strip import phase_html
+from .race import Race
+from .text_view import output_html
+from .tree_plot import tree_figure
+
+MAX_PROMPT_CHARS = 20_000
+
+
+class UserError(Exception):
+    """A problem to show the user in words."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    model: str
+    tree: str
+    k: int
+    max_new_tokens: int
+    hot_start: bool
+
+    def validate(self, cap: int) -> None:
+        if not isinstance(self.max_new_tokens, (int, float)) or not 1 <= self.max_new_tokens <= cap:
+            raise UserError(f"Max new tokens must be between 1 and {cap} (got {self.max_new_tokens}).")
+        if not 1 <= int(self.k) <= 8:
+            raise UserError(f"k must be between 1 and 8 (got {self.k}).")
+
+
+@dataclass
+class Session:
+    """What one browser tab owns: its race, its matrix (hot start) and what it was started with."""
+
+    race: Race | None = None
+    matrix: AdjacencyMatrix | None = None
+    started_with: tuple | None = None
+    prompt: str = ""
+    message: str = ""
+    steps_shown: list = field(default_factory=list)
+
+    # ---- lifecycle -------------------------------------------------------------------------
+    def matrix_for(self, lm: LoadedModel, k: int, hot_start: bool) -> AdjacencyMatrix:
+        m = self.matrix
+        if m is None or m.fingerprint != lm.fingerprint or m.k != k or str(m.table.device) != str(lm.device):
+            m = AdjacencyMatrix(lm.vocab_size, k, lm.device, lm.fingerprint)
+        elif not hot_start:
+            m.reset()
+        self.matrix = m
+        return m
+
+    def begin(self, hub: ModelHub, prompt: str, s: Settings, cap: int) -> None:
+        """A new race on ``prompt``; the matrix carries over when hot start is on."""
+        if not prompt or not prompt.strip():
+            raise UserError("The prompt is empty: type something or pick an example.")
+        if len(prompt) > MAX_PROMPT_CHARS:
+            raise UserError(f"The prompt is {len(prompt):,} characters; the limit is {MAX_PROMPT_CHARS:,}.")
+        s.validate(cap)
+        try:
+            lm = hub.get(s.model)
+        except ModelLoadError as err:
+            raise UserError(str(err)) from None
+        matrix = self.matrix_for(lm, int(s.k), s.hot_start)
+        try:
+            tr = TokenRecyclingDecoder(lm, tree=s.tree, k=int(s.k), matrix=matrix,
+                                       max_new_tokens=int(s.max_new_tokens))
+            race = Race(tr, GreedyDecoder(lm, int(s.max_new_tokens)))
+            race.start(lm.encode_prompt(prompt))
+        except (DecodeError, TreeError, ValueError) as err:
+            raise UserError(str(err)) from None
+        self.race, self.prompt, self.started_with = race, prompt, (prompt, s)
+
+    def needs_new_race(self, prompt: str, s: Settings) -> bool:
+        return self.race is None or self.race.done or self.started_with != (prompt, s)
+
+    def step(self, hub: ModelHub, prompt: str, s: Settings, cap: int) -> None:
+        if self.needs_new_race(prompt, s):
+            self.begin(hub, prompt, s, cap)
+        self.race.step()
+        self.message = "Done: end of text or token budget reached." if self.race.done else ""
+
+    def reset(self) -> None:
+        self.race, self.started_with, self.message = None, None, ""
+
+    # ---- matrix file --------------------------------------------------------------------
+    def save_matrix(self, folder: str | None = None) -> str:
+        if self.matrix is None or self.race is None:
+            raise UserError("There is no matrix yet: decode something first.")
+        lm = self.race.decoder.lm
+        path = Path(tempfile.mkdtemp(dir=folder)) / "token_recycling_matrix.safetensors"
+        self.matrix.save(path, model_name=lm.name)
+        return str(path)
+
+    def load_matrix(self, hub: ModelHub, path: str, s: Settings) -> None:
+        try:
+            lm = hub.get(s.model)
+            self.matrix = AdjacencyMatrix.load(path, lm.fingerprint, lm.vocab_size, lm.device)
+        except (MatrixFileError, ModelLoadError) as err:
+            raise UserError(str(err)) from None
+        self.race, self.started_with = None, None
+
+    # ---- views ----------------------------------------------------------------------------
+    def views(self) -> tuple:
+        """(tree figure, heatmap figure, text html, counters html, charts figure, phase html)."""
+        race = self.race
+        step = race.decoder.steps[-1] if race and race.decoder.steps else None
+        lm = race.decoder.lm if race else None
+        text_of = lm.token_text if lm else str
+        tree_title = ""
+        if race:
+            tr = race.decoder
+            tree_title = f"Draft tree of step {step.index if step else 0} · {tr.tree.name} ({tr.tree.size} nodes)"
+        return (tree_figure(step, text_of, tree_title),
+                heatmap_figure(step, text_of),
+                output_html(race.decoder.steps if race else [], text_of),
+                counters_html(race.figures() if race and step else None),
+                charts_figure([len(s.committed) for s in race.decoder.steps] if race else [],
+                              race.speedups if race else [],
+                              max_len=(race.decoder.tree.depth + 1) if race else 7),
+                phase_html(step, text_of))

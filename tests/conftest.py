@@ -1,0 +1,63 @@
+"""Fixtures: a tiny Llama built from a config (random weights, a few hundred KB) and the embedded model."""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+TINY_VOCAB = 96
+
+
+def make_tiny_tokenizer():
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+    from tokenizers.pre_tokenizers import Whitespace
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<unk>": 0, "<eos>": 1, **{f"w{i}": i + 2 for i in range(TINY_VOCAB - 2)}}
+    tok = Tokenizer(WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = Whitespace()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", eos_token="<eos>")
+
+
+def make_tiny_model(seed: int = 0):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=TINY_VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                         eos_token_id=1, bos_token_id=0, pad_token_id=0, tie_word_embeddings=False)
+    model = LlamaForCausalLM(config).eval()
+    # Sharpen the output distribution so greedy paths repeat often and drafts get accepted.
+    with torch.no_grad():
+        model.lm_head.weight.mul_(8.0)
+    model.generation_config.eos_token_id = 1
+    model.generation_config.pad_token_id = 0
+    return model
+
+
+@pytest.fixture(scope="session")
+def tiny_lm():
+    from tr_core import wrap_model
+
+    return wrap_model(make_tiny_model(), make_tiny_tokenizer(), name="tiny-llama")
+
+
+@pytest.fixture(scope="session")
+def embedded_lm():
+    from tr_core import load_model
+
+    return load_model()
+
+
+def reference_greedy(lm, ids: list[int], max_new_tokens: int) -> list[int]:
+    """``model.generate(do_sample=False)``: the ground truth of losslessness."""
+    x = torch.tensor([ids], device=lm.device)
+    with torch.inference_mode():
+        out = lm.model.generate(x, attention_mask=torch.ones_like(x), do_sample=False,
+                                max_new_tokens=max_new_tokens, pad_token_id=lm.eos_token_ids[0])
+    return out[0, len(ids):].tolist()

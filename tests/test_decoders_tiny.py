@@ -1,0 +1,122 @@
+"""Greedy and Token Recycling on the tiny in-test model: records, stopping, losslessness."""
+import dataclasses
+
+import pytest
+import torch
+
+from tr_core import AdjacencyMatrix, DecodeError, GreedyDecoder, TokenRecyclingDecoder, load_tree
+from tr_core.trees import TreeShape
+
+from .conftest import reference_greedy
+
+PROMPTS = [[5, 9, 14, 3, 22, 9, 14], [7], [30, 31, 32, 33, 30, 31, 32, 33, 30, 31], [60, 2, 60, 2, 60]]
+
+
+@pytest.mark.parametrize("tree", ["paper-80", "tr-16", "chain-4"])
+def test_tr_equals_generate(tiny_lm, tree):
+    matrix = AdjacencyMatrix(tiny_lm.vocab_size, 8, fingerprint=tiny_lm.fingerprint)
+    accepted = 0
+    for ids in PROMPTS:
+        dec = TokenRecyclingDecoder(tiny_lm, tree=tree, matrix=matrix, max_new_tokens=40)
+        assert dec.generate(ids) == reference_greedy(tiny_lm, ids, 40)
+        accepted += sum(s.accepted_drafts for s in dec.steps)
+    assert accepted > 0, "the tiny model should accept some drafts, or this test proves little"
+
+
+def test_greedy_equals_generate(tiny_lm):
+    for ids in PROMPTS:
+        assert GreedyDecoder(tiny_lm, max_new_tokens=30).generate(ids) == reference_greedy(tiny_lm, ids, 30)
+
+
+def test_tr_step_record_is_consistent(tiny_lm):
+    tree = load_tree("tr-16")
+    dec = TokenRecyclingDecoder(tiny_lm, tree=tree, max_new_tokens=30)
+    dec.start(PROMPTS[0])
+    root = PROMPTS[0][-1]
+    while not dec.done:
+        step = dec.step()
+        t = step.tree
+        assert t.tokens[0] == root and t.parents == list(tree.parents) and len(t.tokens) == tree.size + 1
+        assert step.forward_tokens == tree.size + 1
+        path = step.accepted_path
+        assert path[0] == 0 and all(t.parents[b] == a for a, b in zip(path, path[1:]))
+        # every accepted draft equals the model's choice at its parent
+        assert all(t.tokens[b] == step.model_choices[a] for a, b in zip(path, path[1:]))
+        full = [t.tokens[i] for i in path[1:]] + [step.model_choices[path[-1]]]
+        assert step.committed == full[: len(step.committed)]
+        # every distinct input token's row was written, with the new row = top-k of its logits
+        assert sorted(r.token for r in step.rows_written) == sorted(set(t.tokens))
+        assert all(len(r.new) == 8 and len(r.old) == 8 for r in step.rows_written)
+        assert all(dec.matrix.table[r.token].tolist() == r.new for r in step.rows_written
+                   if r.token not in step.committed)
+        assert set(step.timings) == {"retrieve", "prepare", "forward", "verify", "update", "prune"}
+        assert all(v >= 0 for v in step.timings.values())
+        root = step.committed[-1]
+        step.to_dict()  # serialisable
+    assert sum(len(s.committed) for s in dec.steps) == len(dec.output) == 30
+
+
+def test_cache_holds_all_committed_but_the_last(tiny_lm):
+    dec = TokenRecyclingDecoder(tiny_lm, tree="tr-16", max_new_tokens=25)
+    ids = PROMPTS[2]
+    dec.start(ids)
+    while not dec.done:
+        dec.step()
+        if not dec.done:
+            assert dec.cache_length == len(ids) + len(dec.output) - 1
+
+
+def test_stops_at_eos(tiny_lm):
+    """Declare a token that greedy emits mid-way as the end token: both decoders stop right after it."""
+    ids = PROMPTS[0]
+    free = GreedyDecoder(tiny_lm, max_new_tokens=20).generate(ids)
+    eos = free[6]
+    lm = dataclasses.replace(tiny_lm, eos_token_ids=(eos,))
+    cut = free[: free.index(eos) + 1]
+    for dec in (GreedyDecoder(lm, 20), TokenRecyclingDecoder(lm, tree="tr-16", max_new_tokens=20)):
+        assert dec.generate(ids) == cut
+        assert dec.done and dec.steps[-1].done and dec.steps[-1].committed[-1] == eos
+
+
+def test_budget_is_exact(tiny_lm):
+    for n in (1, 2, 7):
+        dec = TokenRecyclingDecoder(tiny_lm, tree="paper-80", max_new_tokens=n)
+        assert len(dec.generate(PROMPTS[2])) <= n
+        assert dec.output == reference_greedy(tiny_lm, PROMPTS[2], n)
+
+
+def test_bad_prompts_are_refused_with_a_message(tiny_lm):
+    dec = TokenRecyclingDecoder(tiny_lm, tree="tr-16", max_new_tokens=10)
+    with pytest.raises(DecodeError, match="empty"):
+        dec.start([])
+    with pytest.raises(DecodeError, match="context"):
+        dec.start(list(range(2, 90)) * 6)
+    with pytest.raises(DecodeError, match="at least 1"):
+        TokenRecyclingDecoder(tiny_lm, max_new_tokens=0).start([3])
+    with pytest.raises(DecodeError, match="start"):
+        dec.step()
+
+
+def test_hot_start_matrix_carries_over(tiny_lm):
+    from .test_matrix import slow_retrieve
+
+    matrix = AdjacencyMatrix(tiny_lm.vocab_size, 8, fingerprint=tiny_lm.fingerprint)
+    TokenRecyclingDecoder(tiny_lm, tree="tr-16", matrix=matrix, max_new_tokens=20).generate(PROMPTS[0])
+    snapshot = matrix.table.clone()
+    root = PROMPTS[0][2]
+    assert (snapshot[root] != 0).any()
+    # a one-token prompt has no prefill, so its first tree comes from the carried-over rows alone
+    warm = TokenRecyclingDecoder(tiny_lm, tree="tr-16", matrix=matrix, max_new_tokens=5)
+    warm.start([root])
+    tree = load_tree("tr-16")
+    assert warm.step().tree.tokens == slow_retrieve(snapshot, root, tree.paths)
+    cold = TokenRecyclingDecoder(tiny_lm, tree="tr-16", max_new_tokens=5)
+    cold.start([root])
+    assert cold.step().tree.tokens == [root] + [0] * tree.size
+    matrix.reset()
+    assert not matrix.table.any() and matrix.writes == 0
+
+
+def test_tree_rank_beyond_k_is_refused(tiny_lm):
+    with pytest.raises(ValueError, match="k=4"):
+        TokenRecyclingDecoder(tiny_lm, tree=TreeShape.from_paths([[0], [5]]), k=4)

@@ -1,0 +1,100 @@
+import pytest
+import torch
+
+from tr_core.matrix import AdjacencyMatrix, MatrixFileError
+from tr_core.trees import load_tree
+
+
+def slow_retrieve(table: torch.Tensor, root: int, paths) -> list[int]:
+    """The definition: node [a, b, c] = M[M[M[root][a]][b]][c], one path at a time."""
+    out = [root]
+    for path in paths:
+        t = root
+        for rank in path:
+            t = int(table[t, rank])
+        out.append(t)
+    return out
+
+
+@pytest.mark.parametrize("tree_name", ["paper-80", "tr-16", "chain-6"])
+def test_retrieval_matches_slow_reference(tree_name):
+    torch.manual_seed(1)
+    m = AdjacencyMatrix(500, 8)
+    m.table.copy_(torch.randint(0, 500, (500, 8), dtype=torch.int32))
+    tree = load_tree(tree_name)
+    tt = tree.tensors()
+    for root in (0, 7, 499):
+        got = m.retrieve_draft_tree(torch.tensor(root), tt).tolist()
+        assert got == slow_retrieve(m.table, root, tree.paths)
+
+
+def test_zero_matrix_drafts_token_zero():
+    m = AdjacencyMatrix(50, 8)
+    got = m.retrieve_draft_tree(torch.tensor(9), load_tree("chain-3").tensors())
+    assert got.tolist() == [9, 0, 0, 0]
+
+
+def test_recycle_writes_every_input_and_last_write_wins():
+    m = AdjacencyMatrix(20, 3)
+    tokens = torch.tensor([5, 7, 5, 9])
+    logits = torch.zeros(4, 20)
+    logits[0, [1, 2, 3]] = torch.tensor([3.0, 2.0, 1.0])  # first 5: would give [1, 2, 3]
+    logits[1, [4, 5, 6]] = torch.tensor([1.0, 2.0, 3.0])  # 7 -> [6, 5, 4]
+    logits[2, [10, 11, 12]] = torch.tensor([2.0, 3.0, 1.0])  # second 5 wins -> [11, 10, 12]
+    logits[3, [13, 14, 15]] = torch.tensor([3.0, 1.0, 2.0])  # 9 -> [13, 15, 14]
+    m.table[5] = torch.tensor([19, 18, 17], dtype=torch.int32)
+    rows = m.recycle(tokens, logits)
+    assert m.table[5].tolist() == [11, 10, 12]
+    assert m.table[7].tolist() == [6, 5, 4]
+    assert m.table[9].tolist() == [13, 15, 14]
+    assert sorted(rows.tokens.tolist()) == [5, 7, 9]
+    i5 = rows.tokens.tolist().index(5)
+    assert rows.old[i5].tolist() == [19, 18, 17] and rows.new[i5].tolist() == [11, 10, 12]
+    untouched = [t for t in range(20) if t not in (5, 7, 9)]
+    assert (m.table[untouched] == 0).all()
+
+
+def test_save_load_round_trip(tmp_path):
+    m = AdjacencyMatrix(100, 8, fingerprint="abc")
+    m.table.copy_(torch.randint(0, 100, (100, 8), dtype=torch.int32))
+    path = tmp_path / "m.safetensors"
+    m.save(path, model_name="tiny")
+    back = AdjacencyMatrix.load(path, "abc", 100)
+    assert torch.equal(back.table, m.table) and back.k == 8
+    assert not list(tmp_path.glob("*.tmp"))  # atomic write left no temporary file
+
+
+def test_load_refuses_other_vocabulary(tmp_path):
+    m = AdjacencyMatrix(100, 8, fingerprint="abc")
+    m.save(tmp_path / "m.safetensors")
+    with pytest.raises(MatrixFileError, match="another vocabulary"):
+        AdjacencyMatrix.load(tmp_path / "m.safetensors", "xyz", 100)
+    with pytest.raises(MatrixFileError, match="another vocabulary"):
+        AdjacencyMatrix.load(tmp_path / "m.safetensors", "abc", 101)
+
+
+def test_load_refuses_corrupt_truncated_and_missing(tmp_path):
+    m = AdjacencyMatrix(100, 8, fingerprint="abc")
+    path = tmp_path / "m.safetensors"
+    m.save(path)
+    data = path.read_bytes()
+    (tmp_path / "trunc.safetensors").write_bytes(data[: len(data) // 2])
+    (tmp_path / "junk.safetensors").write_bytes(b"\x00\x01garbage" * 10)
+    for name in ("trunc.safetensors", "junk.safetensors"):
+        with pytest.raises(MatrixFileError, match="corrupt or truncated"):
+            AdjacencyMatrix.load(tmp_path / name, "abc", 100)
+    with pytest.raises(MatrixFileError, match="No matrix file"):
+        AdjacencyMatrix.load(tmp_path / "absent.safetensors", "abc", 100)
+
+
+def test_load_refuses_foreign_safetensors_and_bad_ids(tmp_path):
+    from safetensors.torch import save_file
+
+    save_file({"matrix": torch.zeros(100, 8, dtype=torch.int32)}, str(tmp_path / "x.safetensors"))
+    with pytest.raises(MatrixFileError, match="not a Token Recycling matrix"):
+        AdjacencyMatrix.load(tmp_path / "x.safetensors", "abc", 100)
+    m = AdjacencyMatrix(100, 8, fingerprint="abc")
+    m.table[3, 2] = 100  # out of range
+    m.save(tmp_path / "bad.safetensors")
+    with pytest.raises(MatrixFileError, match="invalid token ids"):
+        AdjacencyMatrix.load(tmp_path / "bad.safetensors", "abc", 100)

@@ -1,0 +1,82 @@
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from tr_core.trees import TreeError, TreeShape, list_presets, load_tree
+
+SHARED_TREE = Path(__file__).resolve().parents[2] / "shared" / "data" / "tr_paper_tree.json"
+
+
+def test_paper_tree_facts():
+    tree = load_tree("paper-80")
+    assert tree.size == 80 and tree.depth == 6
+    assert tree.nodes_per_depth() == [8, 21, 25, 15, 8, 3]
+    parents = set(tree.parents[1:])
+    leaves = [i for i in range(1, 81) if i not in parents]
+    assert len(leaves) == 40
+
+
+def test_bundled_paper_tree_equals_shared_data():
+    if not SHARED_TREE.is_file():
+        pytest.skip("shared data not beside the checkout")
+    shared = json.loads(SHARED_TREE.read_text())["nodes"]
+    assert [list(p) for p in load_tree("paper-80").paths] == sorted(shared, key=lambda p: (len(p), p))
+
+
+@pytest.mark.parametrize("name", list_presets() + ["chain-5"])
+def test_presets_are_valid(name):
+    tree = load_tree(name, k=8)
+    # BFS order: parents precede children, depths never decrease
+    assert all(tree.parents[i] < i for i in range(1, tree.size + 1))
+    assert list(tree.depths) == sorted(tree.depths)
+
+
+def test_sorted_to_bfs_and_parents():
+    tree = TreeShape.from_paths([[0, 1], [1], [0], [0, 1, 0], [0, 0]])
+    assert tree.paths == ((0,), (1,), (0, 0), (0, 1), (0, 1, 0))
+    assert tree.parents == (-1, 0, 0, 1, 1, 4)
+    assert tree.depths == (0, 1, 1, 2, 2, 3)
+    assert tree.ranks == (0, 0, 1, 0, 1, 0)
+
+
+@pytest.mark.parametrize("paths, message", [
+    ([], "at least one"),
+    ([[0], [0]], "Duplicate"),
+    ([[0, 1]], "no parent"),
+    ([[0], [0, -1]], "non-negative"),
+    ([[0], [0, 1.5]], "non-negative"),
+    ([[0], []], "non-empty"),
+    ([[0] * d for d in range(1, 18)], "deeper"),
+    ([[0], [8]], "k=8"),
+])
+def test_invalid_trees_are_refused(paths, message):
+    with pytest.raises(TreeError, match=message):
+        TreeShape.from_paths(paths, k=8)
+
+
+def test_unknown_or_corrupt_tree_files(tmp_path):
+    with pytest.raises(TreeError, match="Unknown tree"):
+        load_tree("no-such-tree")
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    with pytest.raises(TreeError, match="Cannot read"):
+        load_tree(str(bad))
+
+
+def test_attention_mask_and_positions():
+    tree = TreeShape.from_paths([[0], [1], [0, 0], [1, 0]])
+    tt = tree.tensors("cpu", torch.float32)
+    mask = tt.attention_mask(past=3)
+    assert mask.shape == (1, 1, 5, 8)
+    visible = (mask[0, 0] == 0)
+    assert visible[:, :3].all()  # the whole cache
+    expected = torch.tensor([  # root, [0], [1], [0,0], [1,0]
+        [1, 0, 0, 0, 0],
+        [1, 1, 0, 0, 0],
+        [1, 0, 1, 0, 0],
+        [1, 1, 0, 1, 0],
+        [1, 0, 1, 0, 1]], dtype=torch.bool)
+    assert torch.equal(visible[:, 3:], expected)
+    assert tt.position_ids(past=3).tolist() == [[3, 4, 4, 5, 5]]

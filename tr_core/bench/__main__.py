@@ -1,0 +1,67 @@
+"""``python -m tr_core.bench``: greedy vs Token Recycling on Spec-Bench-format prompts."""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+from pathlib import Path
+
+import torch
+
+from ..decoders.recycling import default_tree_name
+from ..models import ModelLoadError, load_model
+from ..trees import TreeError
+from .data import load_prompts
+from .harness import parse_methods, run_benchmark
+from .report import format_table, summarize
+
+DEFAULT_PROMPTS = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "spec_bench" / "question.jsonl"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m tr_core.bench", description=__doc__)
+    ap.add_argument("--prompts", default=str(DEFAULT_PROMPTS), help="Spec-Bench-format JSONL (first turn used)")
+    ap.add_argument("--limit", type=int, default=2, help="at most N prompts per category")
+    ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--methods", default="greedy,tr", help="comma list: greedy, tr, tr:TREE (e.g. tr:paper-80)")
+    ap.add_argument("--tree", default=None, help="tree for plain 'tr' (preset, chain-N or JSON file)")
+    ap.add_argument("--k", type=int, default=8, help="candidates per matrix row")
+    ap.add_argument("--model", default=None, help="'embedded' (default), a HF id, a folder or a .gguf file")
+    ap.add_argument("--device", default=None)
+    ap.add_argument("--dtype", default=None)
+    ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--json", default=None, help="write the summary here")
+    ap.add_argument("--quiet", action="store_true", help="no progress bar")
+    args = ap.parse_args(argv)
+    if args.max_new_tokens < 1 or args.limit < 1:
+        ap.error("--max-new-tokens and --limit must be at least 1")
+    try:
+        prompts = load_prompts(args.prompts, args.limit)
+        if not prompts:
+            ap.error(f"no prompts in {args.prompts}")
+        lm = load_model(args.model, args.device, args.dtype)
+        specs = parse_methods(args.methods, lm, args.tree, args.k)
+    except (OSError, ValueError, ModelLoadError, TreeError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    runs = run_benchmark(lm, prompts, specs, args.max_new_tokens, args.warmup, progress=not args.quiet)
+    import transformers
+
+    meta = {"model": lm.name, "device": str(lm.device), "dtype": str(lm.dtype).replace("torch.", ""),
+            "torch": torch.__version__, "transformers": transformers.__version__,
+            "machine": f"{platform.machine()} {platform.processor() or ''} threads={torch.get_num_threads()}".strip(),
+            "prompts_file": str(args.prompts), "limit": args.limit, "max_new_tokens": args.max_new_tokens,
+            "trees": {s.name: s.tree for s in specs if s.tree}, "default_tree": default_tree_name(lm.device)}
+    summary = summarize(runs, meta)
+    print(format_table(summary))
+    for name, m in summary["methods"].items():
+        if m["mismatches"]:
+            print(f"WARNING: {name} differs from greedy on {m['mismatches']}", file=sys.stderr)
+    if args.json:
+        Path(args.json).write_text(json.dumps(summary, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

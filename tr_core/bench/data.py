@@ -1,0 +1,33 @@
+"""Prompts in Spec-Bench format: one JSON object a line with ``question_id``, ``category``, ``turns``."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class BenchPrompt:
+    question_id: str
+    category: str
+    text: str
+
+
+def load_prompts(path: str | Path, limit: int | None = None) -> list[BenchPrompt]:
+    """The first turn of each question, at most ``limit`` per category, in file order."""
+    out, per_cat = [], {}
+    with open(path, encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+                text = row["turns"][0]
+                cat = str(row.get("category", "default"))
+            except (json.JSONDecodeError, KeyError, IndexError, TypeError) as err:
+                raise ValueError(f"{path}:{n}: not a Spec-Bench question ({err})") from None
+            if limit is not None and per_cat.get(cat, 0) >= limit:
+                continue
+            per_cat[cat] = per_cat.get(cat, 0) + 1
+            out.append(BenchPrompt(str(row.get("question_id", n)), cat, text))
+    return out

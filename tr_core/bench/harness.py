@@ -1,0 +1,112 @@
+"""Run decoders side by side on the same tokenised prompts and time them fairly."""
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from ..decoders import GreedyDecoder, TokenRecyclingDecoder
+from ..decoders.base import Decoder
+from ..matrix import AdjacencyMatrix
+from ..models import LoadedModel
+from .data import BenchPrompt
+
+
+@dataclass
+class MethodSpec:
+    """A named way to build a decoder; ``make(lm, max_new_tokens)`` is called once per prompt."""
+
+    name: str
+    make: Callable[[LoadedModel, int], Decoder]
+    tree: str = ""
+
+
+@dataclass
+class Run:
+    method: str
+    question_id: str
+    category: str
+    new_tokens: int
+    seconds: float
+    steps: int
+    identical: bool
+    first_mismatch: int | None = None
+    forward_tokens: int = 0
+    phases: dict[str, float] = field(default_factory=dict)
+
+
+def _tr_spec(name: str, lm: LoadedModel, tree: str | None, k: int) -> MethodSpec:
+    matrix = AdjacencyMatrix(lm.vocab_size, k, lm.device, lm.fingerprint)  # hot start across prompts
+    probe = TokenRecyclingDecoder(lm, tree=tree, matrix=matrix)
+    return MethodSpec(name, lambda lm_, n: TokenRecyclingDecoder(lm_, tree=probe.tree, matrix=matrix,
+                                                                 max_new_tokens=n, trace_rows=False),
+                      tree=f"{probe.tree.name} ({probe.tree.size} nodes)")
+
+
+def parse_methods(text: str, lm: LoadedModel, tree: str | None = None, k: int = 8) -> list[MethodSpec]:
+    """``greedy,tr,tr:paper-80,tr:chain-4`` -> specs; greedy is always included and first."""
+    names = [m.strip() for m in text.split(",") if m.strip()]
+    specs = [MethodSpec("greedy", lambda lm_, n: GreedyDecoder(lm_, n))]
+    for name in names:
+        base, _, arg = name.partition(":")
+        if base == "greedy":
+            continue
+        if base == "tr":
+            specs.append(_tr_spec(name, lm, arg or tree, k))
+        else:
+            raise ValueError(f"Unknown method {name!r}; known: greedy, tr[:TREE].")
+    return specs
+
+
+def _first_mismatch(a: list[int], b: list[int]) -> int | None:
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def _timed_generate(dec: Decoder, ids: list[int]) -> tuple[list[int], float]:
+    sync = torch.cuda.synchronize if dec.lm.device.type == "cuda" else (lambda: None)
+    sync()
+    t0 = time.perf_counter()
+    out = dec.generate(ids)
+    sync()
+    return list(out), time.perf_counter() - t0
+
+
+def run_benchmark(lm: LoadedModel, prompts: list[BenchPrompt], specs: list[MethodSpec], max_new_tokens: int,
+                  warmup: int = 1, progress: bool = True) -> list[Run]:
+    """Each prompt is encoded once; methods run one after another on it (greedy first)."""
+    encoded = [lm.encode_prompt(p.text) for p in prompts]
+    for ids in encoded[:warmup]:  # warm-up: kernels, allocator, caches; not timed, matrices reset after
+        for spec in specs:
+            spec.make(lm, min(16, max_new_tokens)).generate(ids)
+    for spec in specs:
+        matrix = getattr(spec.make(lm, 1), "matrix", None)
+        if matrix is not None:
+            matrix.reset()
+    runs: list[Run] = []
+    iterator = zip(prompts, encoded)
+    try:
+        from tqdm import tqdm
+        iterator = tqdm(list(iterator), desc="prompts", disable=not progress, file=sys.stderr)
+    except ImportError:
+        pass
+    for prompt, ids in iterator:
+        reference = None
+        for spec in specs:
+            dec = spec.make(lm, max_new_tokens)
+            out, secs = _timed_generate(dec, ids)
+            if reference is None:
+                reference = out
+            mismatch = _first_mismatch(out, reference)
+            phases: dict[str, float] = {}
+            for s in dec.steps:
+                for k, v in s.timings.items():
+                    phases[k] = phases.get(k, 0.0) + v
+            runs.append(Run(spec.name, prompt.question_id, prompt.category, len(out), secs, len(dec.steps),
+                            mismatch is None, mismatch, sum(s.forward_tokens for s in dec.steps), phases))
+    return runs

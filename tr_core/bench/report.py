@@ -1,0 +1,69 @@
+"""Aggregate runs into the paper's figures: tok/s, MAT, speedup vs greedy, identical fraction."""
+from __future__ import annotations
+
+from collections import defaultdict
+
+
+def _figures(runs, greedy_tps: float | None) -> dict:
+    tokens = sum(r.new_tokens for r in runs)
+    secs = sum(r.seconds for r in runs)
+    steps = sum(r.steps for r in runs)
+    tps = tokens / secs if secs else 0.0
+    phases: dict[str, float] = defaultdict(float)
+    for r in runs:
+        for k, v in r.phases.items():
+            phases[k] += v
+    return {
+        "prompts": len(runs), "new_tokens": tokens, "seconds": round(secs, 4), "steps": steps,
+        "tok_per_s": round(tps, 3), "mat": round(tokens / steps, 4) if steps else 0.0,
+        "speedup": round(tps / greedy_tps, 4) if greedy_tps else 1.0,
+        "identical": round(sum(r.identical for r in runs) / len(runs), 4) if runs else 0.0,
+        "mean_forward_tokens": round(sum(r.forward_tokens for r in runs) / steps, 2) if steps else 0.0,
+        "phase_share": {k: round(v / sum(phases.values()), 4) for k, v in phases.items()} if phases else {},
+        "mismatches": [{"question_id": r.question_id, "first_position": r.first_mismatch}
+                       for r in runs if not r.identical],
+    }
+
+
+def summarize(runs, meta: dict | None = None) -> dict:
+    """``{"meta": ..., "methods": {name: {tok_per_s, mat, speedup, identical, per_category: {...}}}}``."""
+    by_method: dict[str, list] = defaultdict(list)
+    for r in runs:
+        by_method[r.method].append(r)
+    greedy = by_method.get("greedy", [])
+    cats = sorted({r.category for r in runs})
+
+    def greedy_tps(cat=None):
+        sel = [r for r in greedy if cat is None or r.category == cat]
+        secs = sum(r.seconds for r in sel)
+        return sum(r.new_tokens for r in sel) / secs if secs else None
+
+    methods = {}
+    for name, rs in by_method.items():
+        fig = _figures(rs, greedy_tps())
+        fig["per_category"] = {c: {k: v for k, v in _figures([r for r in rs if r.category == c],
+                                                            greedy_tps(c)).items()
+                                   if k not in ("mismatches", "phase_share")}
+                               for c in cats if any(r.category == c for r in rs)}
+        methods[name] = fig
+    return {"meta": meta or {}, "methods": methods}
+
+
+def format_table(summary: dict) -> str:
+    """A plain-text table: one row per method, then speedup per category."""
+    methods = summary["methods"]
+    head = f"{'method':<22}{'tokens':>8}{'seconds':>10}{'tok/s':>9}{'MAT':>7}{'speedup':>9}{'identical':>11}"
+    lines = [head, "-" * len(head)]
+    for name, m in methods.items():
+        lines.append(f"{name:<22}{m['new_tokens']:>8}{m['seconds']:>10.2f}{m['tok_per_s']:>9.2f}"
+                     f"{m['mat']:>7.2f}{m['speedup']:>8.2f}x{m['identical'] * 100:>10.0f}%")
+    cats = sorted({c for m in methods.values() for c in m["per_category"]})
+    if cats:
+        lines += ["", "speedup (MAT) per category", f"{'category':<18}" + "".join(f"{n:>22}" for n in methods)]
+        for c in cats:
+            cells = []
+            for m in methods.values():
+                pc = m["per_category"].get(c)
+                cells.append(f"{pc['speedup']:.2f}x ({pc['mat']:.2f})" if pc else "-")
+            lines.append(f"{c:<18}" + "".join(f"{x:>22}" for x in cells))
+    return "\n".join(lines)

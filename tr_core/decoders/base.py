@@ -1,0 +1,139 @@
+"""The one step interface every decoder shares.
+
+``start(prompt_ids)`` runs the prefill, then each ``step()`` runs exactly one verification forward
+and returns a ``Step``; ``done`` says when EOS or the token budget is reached.  Invariant between
+steps: the KV cache holds every committed token except the last one, which roots the next step.
+"""
+from __future__ import annotations
+
+import time
+from abc import ABC, abstractmethod
+from contextlib import contextmanager
+from typing import ClassVar
+
+import torch
+
+from ..cache import check_cache_supported
+from ..models import LoadedModel
+from ..trace import Step
+
+
+class DecodeError(ValueError):
+    """Input a decoder cannot run on (empty prompt, prompt too long, bad budget)."""
+
+
+class PhaseClock:
+    """Seconds per named phase, measured with the device synchronised."""
+
+    def __init__(self, device: torch.device):
+        self.sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+        self.seconds: dict[str, float] = {}
+
+    @contextmanager
+    def phase(self, name: str):
+        self.sync()
+        t0 = time.perf_counter()
+        yield
+        self.sync()
+        self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - t0
+
+
+class Decoder(ABC):
+    """Base class: prompt checks, prefill, the forward call, committing tokens, stopping."""
+
+    method: ClassVar[str] = "?"
+    lookahead: int = 0  # positions a step may reach past the committed tokens
+
+    def __init__(self, lm: LoadedModel, max_new_tokens: int = 128):
+        self.lm = lm
+        self.max_new_tokens = max_new_tokens
+        self.prompt: list[int] = []
+        self.output: list[int] = []
+        self.steps: list[Step] = []
+        self.cache = None
+        self.last: torch.Tensor | None = None
+        self._done = True
+
+    # ---- the interface ------------------------------------------------------------------
+    def start(self, prompt_ids) -> None:
+        """Validate the prompt, reset per-request state and prefill all prompt tokens but the last."""
+        ids = [int(t) for t in (prompt_ids.tolist() if torch.is_tensor(prompt_ids) else prompt_ids)]
+        if not ids:
+            raise DecodeError("The prompt is empty.")
+        if not 1 <= self.max_new_tokens:
+            raise DecodeError(f"max_new_tokens must be at least 1 (got {self.max_new_tokens}).")
+        need = len(ids) + self.max_new_tokens + self.lookahead
+        if need > self.lm.max_context:
+            raise DecodeError(
+                f"The prompt has {len(ids)} tokens; with {self.max_new_tokens} new tokens it does not fit "
+                f"the model's context of {self.lm.max_context} tokens.")
+        from transformers import DynamicCache
+
+        self.prompt, self.output, self.steps = ids, [], []
+        self.cache = DynamicCache(config=self.lm.model.config)
+        self._done = False
+        device = self.lm.device
+        if len(ids) > 1:
+            prefix = torch.tensor(ids[:-1], device=device)
+            self.prefill(prefix)
+        check_cache_supported(self.cache)
+        self.last = torch.tensor(ids[-1], device=device)
+
+    @abstractmethod
+    def step(self) -> Step:
+        """Exactly one verification forward; returns its trace record."""
+
+    @property
+    def done(self) -> bool:
+        return self._done
+
+    def generate(self, prompt_ids) -> list[int]:
+        """Decode to EOS or the budget; returns the new token ids."""
+        self.start(prompt_ids)
+        while not self.done:
+            self.step()
+        return self.output
+
+    # ---- shared mechanics ---------------------------------------------------------------
+    @property
+    def cache_length(self) -> int:
+        return self.cache.get_seq_length() if self.cache is not None else 0
+
+    def prefill(self, prefix: torch.Tensor) -> None:
+        """Run ``prefix [L]`` into the cache; subclasses may use the logits."""
+        self.forward(prefix[None], logits_to_keep=1)
+
+    @torch.inference_mode()
+    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None,
+                attention_mask: torch.Tensor | None = None, logits_to_keep: int = 0) -> torch.Tensor:
+        """One forward over ``input_ids [1, q]`` appending to the cache; returns ``logits [q', vocab]``."""
+        if position_ids is None:
+            past = self.cache_length
+            position_ids = torch.arange(past, past + input_ids.shape[1], device=input_ids.device)[None]
+        out = self.lm.model(input_ids=input_ids, position_ids=position_ids, attention_mask=attention_mask,
+                            use_cache=True, logits_to_keep=logits_to_keep, **{self.lm.cache_arg: self.cache})
+        return out.logits[0]
+
+    def commit(self, tokens: list[int]) -> list[int]:
+        """Append tokens to the output, cut at the first EOS or at the budget; set ``done``."""
+        kept = []
+        for t in tokens:
+            if len(self.output) >= self.max_new_tokens:
+                break
+            kept.append(t)
+            self.output.append(t)
+            if t in self.lm.eos_token_ids:
+                self._done = True
+                break
+        if len(self.output) >= self.max_new_tokens:
+            self._done = True
+        return kept
+
+    def record(self, step: Step) -> Step:
+        step.done = self._done
+        self.steps.append(step)
+        return step
+
+    def _check_running(self) -> None:
+        if self._done:
+            raise DecodeError("This decoder is done: call start() with a new prompt.")

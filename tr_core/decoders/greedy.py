@@ -1,0 +1,30 @@
+"""Plain greedy decoding: one token per forward, the baseline every speedup is measured against."""
+from __future__ import annotations
+
+import torch
+
+from ..trace import DraftTree, Step
+from .base import Decoder, PhaseClock
+
+
+class GreedyDecoder(Decoder):
+    method = "greedy"
+
+    @torch.inference_mode()
+    def step(self) -> Step:
+        self._check_running()
+        clock = PhaseClock(self.lm.device)
+        past = self.cache_length
+        root = int(self.last)
+        with clock.phase("forward"):
+            logits = self.forward(self.last.view(1, 1))  # [1, vocab]
+        with clock.phase("verify"):
+            choice = logits[-1].argmax()
+            token = int(choice)
+        self.last = choice
+        committed = self.commit([token])
+        return self.record(Step(
+            index=len(self.steps) + 1, method=self.method,
+            tree=DraftTree(tokens=[root], parents=[-1], depths=[0], ranks=[0], sources=["root"]),
+            accepted_path=[0], committed=committed, model_choices=[token], rows_written=[],
+            forward_tokens=1, cache_length=past, timings=clock.seconds))

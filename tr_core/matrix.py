@@ -1,0 +1,138 @@
+"""The adjacency matrix ``M``: ``M[t]`` = the top-k next tokens last seen after token ``t``.
+
+Three operations, named after the paper's phases: ``retrieve_draft_tree`` (BFS over a static
+shape, one batched gather per depth), ``recycle`` (overwrite rows from the logits of every input,
+last write wins) and persistence (``save``/``load``/``reset``) for hot start.
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from .trees import TreeTensors
+
+FORMAT = "token-recycling-matrix/1"
+
+
+class MatrixFileError(ValueError):
+    """A matrix file that cannot be used (corrupt, truncated, or for another vocabulary)."""
+
+
+@dataclass
+class RowsWritten:
+    """The rows one recycle wrote: ``tokens [r]``, ``old [r, k]``, ``new [r, k]`` (on the device)."""
+
+    tokens: torch.Tensor
+    old: torch.Tensor
+    new: torch.Tensor
+
+
+class AdjacencyMatrix:
+    """``table: [vocab, k]`` int32 token ids, zeros at start (drafts of token 0 until rows fill)."""
+
+    def __init__(self, vocab_size: int, k: int = 8, device: torch.device | str = "cpu",
+                 fingerprint: str = ""):
+        if k < 1:
+            raise ValueError("k must be at least 1")
+        self.table = torch.zeros(vocab_size, k, dtype=torch.int32, device=device)
+        self.fingerprint = fingerprint
+        self.writes = 0  # rows written since the last reset (a hot-start indicator)
+
+    @property
+    def k(self) -> int:
+        return self.table.shape[1]
+
+    @property
+    def vocab_size(self) -> int:
+        return self.table.shape[0]
+
+    @property
+    def nbytes(self) -> int:
+        return self.table.numel() * self.table.element_size()
+
+    def reset(self) -> None:
+        self.table.zero_()
+        self.writes = 0
+
+    # ---- phase 1: retrieve -------------------------------------------------------------
+    def retrieve_draft_tree(self, root: torch.Tensor, tree: TreeTensors) -> torch.Tensor:
+        """BFS from ``root`` (a 0-d long tensor) over ``tree``: returns ``tokens [q]``, root first.
+
+        Node ``[a, b, c]`` = ``M[M[M[root][a]][b]][c]``: each depth is one gather of the
+        parents' rows at the nodes' ranks.
+        """
+        tokens = torch.empty(tree.parents.shape[0], dtype=torch.long, device=self.table.device)
+        tokens[0] = root
+        for start, end in tree.levels:
+            parent_tokens = tokens[tree.parents[start:end]]
+            tokens[start:end] = self.table[parent_tokens, tree.ranks[start:end]]
+        return tokens
+
+    # ---- phase 4: recycle --------------------------------------------------------------
+    def recycle(self, tokens: torch.Tensor, logits: torch.Tensor, keep_old: bool = True) -> RowsWritten:
+        """``M[tokens[i]] = topk(logits[i], k)`` for every input ``i``; ``tokens [m]``, ``logits [m, vocab]``.
+
+        When a token occurs several times, its last occurrence wins (the paper's rule).
+        """
+        m = tokens.shape[0]
+        later_twin = (tokens[:, None] == tokens[None, :]).triu(1).any(1)  # [m]
+        keep = (~later_twin).nonzero().squeeze(1)
+        rows = tokens[keep]
+        new = logits[keep].topk(self.k, dim=-1).indices.to(torch.int32)
+        old = self.table[rows].clone() if keep_old else new[:0]
+        self.table[rows] = new
+        self.writes += int(rows.shape[0]) if m else 0
+        return RowsWritten(tokens=rows, old=old, new=new)
+
+    def seed_from_prompt(self, tokens: torch.Tensor, logits: torch.Tensor, chunk: int = 256) -> None:
+        """Recycle a prompt's logits (``tokens [L]``, ``logits [L, vocab]``), chunked to bound memory."""
+        for s in range(0, tokens.shape[0], chunk):
+            self.recycle(tokens[s:s + chunk], logits[s:s + chunk], keep_old=False)
+
+    # ---- hot start: persistence --------------------------------------------------------
+    def save(self, path: str | Path, model_name: str = "") -> None:
+        """Write to a safetensors file atomically (temporary file, then rename)."""
+        from safetensors.torch import save_file
+
+        path = Path(path)
+        meta = {"format": FORMAT, "fingerprint": self.fingerprint, "vocab_size": str(self.vocab_size),
+                "k": str(self.k), "model": model_name}
+        fd, tmp = tempfile.mkstemp(dir=path.parent if str(path.parent) else ".", suffix=".tmp")
+        os.close(fd)
+        try:
+            save_file({"matrix": self.table.detach().cpu().contiguous()}, tmp, metadata=meta)
+            os.replace(tmp, path)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+
+    @classmethod
+    def load(cls, path: str | Path, fingerprint: str, vocab_size: int,
+             device: torch.device | str = "cpu") -> "AdjacencyMatrix":
+        """Read a file written by ``save``; refuse one made for another vocabulary or damaged."""
+        from safetensors import safe_open
+
+        try:
+            with safe_open(str(path), framework="pt") as f:
+                meta = f.metadata() or {}
+                table = f.get_tensor("matrix")
+        except FileNotFoundError:
+            raise MatrixFileError(f"No matrix file at {str(path)!r}.") from None
+        except Exception as err:  # safetensors raises several types for damaged files
+            raise MatrixFileError(f"The matrix file is corrupt or truncated ({type(err).__name__}).") from err
+        if meta.get("format") != FORMAT:
+            raise MatrixFileError("This file is not a Token Recycling matrix (unknown format).")
+        if meta.get("fingerprint") != fingerprint or table.shape[0] != vocab_size:
+            raise MatrixFileError(
+                f"This matrix belongs to another vocabulary (model {meta.get('model') or 'unknown'!r}, "
+                f"{table.shape[0]} tokens); the loaded model has {vocab_size} tokens.")
+        if table.dim() != 2 or table.dtype != torch.int32 or not 0 <= int(table.min()) <= int(table.max()) < vocab_size:
+            raise MatrixFileError("The matrix file holds invalid token ids.")
+        out = cls(vocab_size, table.shape[1], device, fingerprint)
+        out.table.copy_(table)
+        out.writes = int((table != 0).any(1).sum())
+        return out

