@@ -53,7 +53,8 @@ def build_app(hub: ModelHub, cap: int = 256, default_tokens: int = 96) -> gr.Blo
                 speed = gr.Slider(0.5, 5, value=2, step=0.5, label="Play speed (steps per second)")
             with gr.Column(scale=2):
                 with gr.Accordion("Settings", open=False):
-                    model = gr.Dropdown(MODEL_CHOICES, value=EMBEDDED_LABEL, allow_custom_value=True,
+                    default_model = EMBEDDED_LABEL if hub.default == "embedded" else hub.default
+                    model = gr.Dropdown(list(dict.fromkeys([default_model, *MODEL_CHOICES])), value=default_model, allow_custom_value=True,
                                         label="Model (any Hugging Face id on a GPU host)")
                     tree = gr.Dropdown(trees, value=default_tree_name(device), label="Draft tree",
                                        allow_custom_value=True)
@@ -189,11 +190,16 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--max-new-tokens-cap", type=int, default=int(env("TR_MAX_NEW_TOKENS", "256")))
     ap.add_argument("--queue-size", type=int, default=int(env("TR_QUEUE_SIZE", "64")))
     args = ap.parse_args(argv)
-    hub = ModelHub(args.device, args.dtype)
+    hub = ModelHub(args.device, args.dtype, default=args.model)
     demo = build_app(hub, cap=args.max_new_tokens_cap)
-    demo.queue(max_size=args.queue_size)
-    demo.launch(server_name=args.host, server_port=args.port, css=(ASSETS / "style.css").read_text(),
-                show_error=False)
+    serve(demo, args.host, args.port, args.queue_size)
+
+
+def serve(demo: gr.Blocks, host: str = "127.0.0.1", port: int = 7860, queue_size: int = 64, **launch_kw):
+    """Queue and launch with the app's stylesheet (on localhost unless told otherwise; never shared)."""
+    demo.queue(max_size=queue_size)
+    return demo.launch(server_name=host, server_port=port, css=(ASSETS / "style.css").read_text(),
+                       show_error=False, share=False, **launch_kw)
 
 
 if __name__ == "__main__":

@@ -10,10 +10,13 @@ class ModelHub:
     """Loads models on demand and keeps the last ``keep`` of them; thread-safe."""
 
     def __init__(self, device: str | None = None, dtype: str | None = None, keep: int = 1,
-                 allow_other_models: bool = True):
+                 allow_other_models: bool = True, default: str | None = None,
+                 loaded: dict[str, LoadedModel] | None = None):
+        """``loaded``: models already in memory, by spec (tests, notebooks)."""
         self.device, self.dtype, self.keep = device, dtype, keep
+        self.default = self.normalise(default)
         self.allow_other_models = allow_other_models
-        self._models: dict[str, LoadedModel] = {}
+        self._models: dict[str, LoadedModel] = {self.normalise(k): v for k, v in (loaded or {}).items()}
         self._lock = threading.Lock()
 
     @staticmethod
@@ -22,7 +25,8 @@ class ModelHub:
         return EMBEDDED if spec in ("", EMBEDDED) or spec.startswith("SmolLM2-135M-Instruct") else spec
 
     def get(self, spec: str | None = None) -> LoadedModel:
-        key = self.normalise(spec)
+        """The model for ``spec`` (None or empty: the server's default), loaded on first use."""
+        key = self.normalise(spec) if spec else self.default
         if key != EMBEDDED and not self.allow_other_models:
             raise ModelLoadError("This server only runs the embedded model.")
         with self._lock:

@@ -13,14 +13,15 @@ COLORS = {"root": "#1f4e99", "accepted": "#2e9d4f", "rejected": "#b8bec6", "bonu
 
 
 def tree_layout(parents: list[int], depths: list[int]) -> dict[int, tuple[float, float]]:
-    """Positions: one row per depth (root on top), nodes in BFS order across each row."""
+    """Positions: one row per depth (root on top, y = -depth), nodes in BFS order across each row."""
+    if len(depths) == 1:
+        return {0: (0.0, 0.0)}
     g = nx.DiGraph()
     for i, d in enumerate(depths):
         g.add_node(i, depth=d)
     g.add_edges_from((p, i) for i, p in enumerate(parents) if p >= 0)
     pos = nx.multipartite_layout(g, subset_key="depth", align="horizontal", scale=1.0)
-    return {i: (float(x), -float(y) if depths[i] else 0.0) for i, (x, y) in pos.items()} if len(depths) > 1 \
-        else {0: (0.0, 0.0)}
+    return {i: (float(x), -float(depths[i])) for i, (x, _) in pos.items()}
 
 
 def tree_figure(step: Step | None, token_text, title: str = "") -> go.Figure:
@@ -40,7 +41,7 @@ def tree_figure(step: Step | None, token_text, title: str = "") -> go.Figure:
     gap = (ys[-1] - ys[-2]) if len(ys) > 1 else 1.0
     accepted = set(step.accepted_path)
     last = step.accepted_path[-1]
-    bonus_pos = (pos[last][0], pos[last][1] - gap * 0.9)
+    bonus_pos = (pos[last][0] + 0.04, pos[last][1] - gap * 0.5)  # between rows, beside its parent
 
     def edge_trace(edges, color, width, dash=None):
         xs, ys_ = [], []

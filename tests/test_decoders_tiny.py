@@ -12,12 +12,13 @@ from .conftest import reference_greedy
 PROMPTS = [[5, 9, 14, 3, 22, 9, 14], [7], [30, 31, 32, 33, 30, 31, 32, 33, 30, 31], [60, 2, 60, 2, 60]]
 
 
-@pytest.mark.parametrize("tree", ["paper-80", "tr-16", "chain-4"])
-def test_tr_equals_generate(tiny_lm, tree):
+@pytest.mark.parametrize("tree, lookup", [("paper-80", 0), ("tr-16", 0), ("chain-4", 0), ("tr-16", 10),
+                                          ("chain-4", 5)])
+def test_tr_equals_generate(tiny_lm, tree, lookup):
     matrix = AdjacencyMatrix(tiny_lm.vocab_size, 8, fingerprint=tiny_lm.fingerprint)
     accepted = 0
     for ids in PROMPTS:
-        dec = TokenRecyclingDecoder(tiny_lm, tree=tree, matrix=matrix, max_new_tokens=40)
+        dec = TokenRecyclingDecoder(tiny_lm, tree=tree, matrix=matrix, max_new_tokens=40, lookup=lookup)
         assert dec.generate(ids) == reference_greedy(tiny_lm, ids, 40)
         accepted += sum(s.accepted_drafts for s in dec.steps)
     assert accepted > 0, "the tiny model should accept some drafts, or this test proves little"
@@ -30,7 +31,7 @@ def test_greedy_equals_generate(tiny_lm):
 
 def test_tr_step_record_is_consistent(tiny_lm):
     tree = load_tree("tr-16")
-    dec = TokenRecyclingDecoder(tiny_lm, tree=tree, max_new_tokens=30)
+    dec = TokenRecyclingDecoder(tiny_lm, tree=tree, max_new_tokens=30, lookup=0)
     dec.start(PROMPTS[0])
     root = PROMPTS[0][-1]
     while not dec.done:
@@ -106,11 +107,11 @@ def test_hot_start_matrix_carries_over(tiny_lm):
     root = PROMPTS[0][2]
     assert (snapshot[root] != 0).any()
     # a one-token prompt has no prefill, so its first tree comes from the carried-over rows alone
-    warm = TokenRecyclingDecoder(tiny_lm, tree="tr-16", matrix=matrix, max_new_tokens=5)
+    warm = TokenRecyclingDecoder(tiny_lm, tree="tr-16", matrix=matrix, max_new_tokens=5, lookup=0)
     warm.start([root])
     tree = load_tree("tr-16")
     assert warm.step().tree.tokens == slow_retrieve(snapshot, root, tree.paths)
-    cold = TokenRecyclingDecoder(tiny_lm, tree="tr-16", max_new_tokens=5)
+    cold = TokenRecyclingDecoder(tiny_lm, tree="tr-16", max_new_tokens=5, lookup=0)
     cold.start([root])
     assert cold.step().tree.tokens == [root] + [0] * tree.size
     matrix.reset()
@@ -120,3 +121,26 @@ def test_hot_start_matrix_carries_over(tiny_lm):
 def test_tree_rank_beyond_k_is_refused(tiny_lm):
     with pytest.raises(ValueError, match="k=4"):
         TokenRecyclingDecoder(tiny_lm, tree=TreeShape.from_paths([[0], [5]]), k=4)
+
+
+def test_lookup_branch_is_grafted_and_traced(tiny_lm):
+    """With prompt lookup on, the context's continuation rides along as extra nodes under the tree."""
+    tree = load_tree("chain-2")
+    dec = TokenRecyclingDecoder(tiny_lm, tree=tree, max_new_tokens=30, lookup=6)
+    dec.start(PROMPTS[2])  # a prompt that repeats itself: lookup always finds a continuation
+    grafted_steps = 0
+    while not dec.done:
+        step = dec.step()
+        t = step.tree
+        extra = [i for i, s in enumerate(t.sources) if s == "lookup"]
+        assert len(t.tokens) == len(t.parents) == len(t.depths) == len(t.sources) == step.forward_tokens
+        if extra:
+            grafted_steps += 1
+            assert extra == list(range(tree.size + 1, len(t.tokens)))  # appended after the matrix nodes
+            first = extra[0]
+            assert t.parents[first] <= tree.size  # hangs under the root or a matrix node
+            assert all(t.parents[b] == a and t.depths[b] == t.depths[a] + 1 for a, b in zip(extra, extra[1:]))
+            assert "lookup" in step.timings
+        path = step.accepted_path
+        assert all(t.tokens[b] == step.model_choices[a] for a, b in zip(path, path[1:]))
+    assert grafted_steps > 0

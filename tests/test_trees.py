@@ -80,3 +80,18 @@ def test_attention_mask_and_positions():
         [1, 0, 1, 0, 1]], dtype=torch.bool)
     assert torch.equal(visible[:, 3:], expected)
     assert tt.position_ids(past=3).tolist() == [[3, 4, 4, 5, 5]]
+
+
+def test_graft_chain_extends_mask_positions_and_parents():
+    tt = TreeShape.from_paths([[0], [1]]).tensors()
+    g = tt.graft_chain(attach=1, length=2)  # nodes 3, 4 under node 1
+    assert g.parents.tolist() == [0, 0, 0, 1, 3]
+    assert g.depths.tolist() == [0, 1, 1, 2, 3]
+    visible = g.attention_mask(past=2)[0, 0, :, 2:] == 0
+    assert visible.tolist() == [
+        [True, False, False, False, False],
+        [True, True, False, False, False],
+        [True, False, True, False, False],
+        [True, True, False, True, False],
+        [True, True, False, True, True]]
+    assert g.position_ids(past=2).tolist() == [[2, 3, 3, 4, 5]]

@@ -83,6 +83,14 @@ class TreeShape:
     def ranks(self) -> tuple[int, ...]:
         return (0,) + tuple(p[-1] for p in self.paths)
 
+    @cached_property
+    def children(self) -> tuple[tuple[int, ...], ...]:
+        """Child node indices of every node (root = 0)."""
+        out: list[list[int]] = [[] for _ in range(self.size + 1)]
+        for i, p in enumerate(self.parents[1:], start=1):
+            out[p].append(i)
+        return tuple(tuple(c) for c in out)
+
     def nodes_per_depth(self) -> list[int]:
         counts = [0] * self.depth
         for p in self.paths:
@@ -133,6 +141,26 @@ class TreeTensors:
                    ranks=as_long(shape.ranks), ancestors=anc.to(device), attn_bias=bias.to(device),
                    levels=tuple(levels))
 
+
+    def graft_chain(self, attach: int, length: int) -> "TreeTensors":
+        """This tree plus a chain of ``length`` nodes under node ``attach`` (appended at the end).
+
+        Used to merge a prompt-lookup continuation into the draft tree; ``levels`` keeps the
+        static tree's slices (retrieval has already happened).
+        """
+        q, dev = self.parents.shape[0], self.parents.device
+        idx = torch.arange(q, q + length, device=dev)
+        parents = torch.cat([self.parents, torch.cat([torch.tensor([attach], device=dev), idx[:-1]])])
+        depths = torch.cat([self.depths, self.depths[attach] + 1 + torch.arange(length, device=dev)])
+        ranks = torch.cat([self.ranks, torch.zeros(length, dtype=torch.long, device=dev)])
+        anc = torch.zeros(q + length, q + length, dtype=torch.bool, device=dev)
+        anc[:q, :q] = self.ancestors
+        anc[q:, :q] = self.ancestors[attach]
+        anc[q:, q:] = torch.ones(length, length, dtype=torch.bool, device=dev).tril()
+        bias = torch.zeros(anc.shape, dtype=self.attn_bias.dtype, device=dev)
+        bias.masked_fill_(~anc, torch.finfo(bias.dtype).min)
+        return TreeTensors(shape=self.shape, parents=parents, depths=depths, ranks=ranks, ancestors=anc,
+                           attn_bias=bias, levels=self.levels)
 
     def attention_mask(self, past: int) -> torch.Tensor:
         """``[1, 1, q, past + q]``: every node sees the whole cache, itself and its ancestors."""

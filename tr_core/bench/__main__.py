@@ -24,8 +24,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prompts", default=str(DEFAULT_PROMPTS), help="Spec-Bench-format JSONL (first turn used)")
     ap.add_argument("--limit", type=int, default=2, help="at most N prompts per category")
     ap.add_argument("--max-new-tokens", type=int, default=64)
-    ap.add_argument("--methods", default="greedy,tr", help="comma list: greedy, tr, tr:TREE (e.g. tr:paper-80)")
+    ap.add_argument("--methods", default="greedy,tr", help="comma list: greedy, tr (device default), tr:TREE (the paper's method on TREE), tr:TREE+pldN")
     ap.add_argument("--tree", default=None, help="tree for plain 'tr' (preset, chain-N or JSON file)")
+    ap.add_argument("--lookup", type=int, default=None,
+                    help="prompt-lookup tokens merged into plain 'tr' trees (0 = off; default: CPU 10, GPU 0)")
     ap.add_argument("--k", type=int, default=8, help="candidates per matrix row")
     ap.add_argument("--model", default=None, help="'embedded' (default), a HF id, a folder or a .gguf file")
     ap.add_argument("--device", default=None)
@@ -41,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
         if not prompts:
             ap.error(f"no prompts in {args.prompts}")
         lm = load_model(args.model, args.device, args.dtype)
-        specs = parse_methods(args.methods, lm, args.tree, args.k)
+        specs = parse_methods(args.methods, lm, args.tree, args.k, args.lookup)
     except (OSError, ValueError, ModelLoadError, TreeError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

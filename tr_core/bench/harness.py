@@ -38,26 +38,37 @@ class Run:
     phases: dict[str, float] = field(default_factory=dict)
 
 
-def _tr_spec(name: str, lm: LoadedModel, tree: str | None, k: int) -> MethodSpec:
+def _tr_spec(name: str, lm: LoadedModel, tree: str | None, k: int, lookup: int | None) -> MethodSpec:
+    """``tr`` (the device default), ``tr:TREE`` (the paper's method on TREE) or ``tr:TREE+pldN``."""
     matrix = AdjacencyMatrix(lm.vocab_size, k, lm.device, lm.fingerprint)  # hot start across prompts
-    probe = TokenRecyclingDecoder(lm, tree=tree, matrix=matrix)
-    return MethodSpec(name, lambda lm_, n: TokenRecyclingDecoder(lm_, tree=probe.tree, matrix=matrix,
+    probe = TokenRecyclingDecoder(lm, tree=tree, matrix=matrix, lookup=lookup)
+    lookup = probe.lookup
+    extra = f" + lookup {lookup}" if lookup else ""
+    return MethodSpec(name, lambda lm_, n: TokenRecyclingDecoder(lm_, tree=probe.tree, matrix=matrix, lookup=lookup,
                                                                  max_new_tokens=n, trace_rows=False),
-                      tree=f"{probe.tree.name} ({probe.tree.size} nodes)")
+                      tree=f"{probe.tree.name} ({probe.tree.size} nodes){extra}")
 
 
-def parse_methods(text: str, lm: LoadedModel, tree: str | None = None, k: int = 8) -> list[MethodSpec]:
-    """``greedy,tr,tr:paper-80,tr:chain-4`` -> specs; greedy is always included and first."""
+def parse_methods(text: str, lm: LoadedModel, tree: str | None = None, k: int = 8,
+                  lookup: int | None = None) -> list[MethodSpec]:
+    """``greedy,tr,tr:paper-80,tr:tr-16+pld10`` -> specs; greedy is always included and first."""
     names = [m.strip() for m in text.split(",") if m.strip()]
     specs = [MethodSpec("greedy", lambda lm_, n: GreedyDecoder(lm_, n))]
     for name in names:
         base, _, arg = name.partition(":")
         if base == "greedy":
             continue
-        if base == "tr":
-            specs.append(_tr_spec(name, lm, arg or tree, k))
+        if base == "tr" and not arg:
+            specs.append(_tr_spec(name, lm, tree, k, lookup))
+        elif base == "tr":
+            shape, _, pld = arg.partition("+pld")
+            try:
+                n = int(pld) if pld else 0
+            except ValueError:
+                raise ValueError(f"Bad method {name!r}: use tr:TREE+pldN with N a number.") from None
+            specs.append(_tr_spec(name, lm, shape, k, n))
         else:
-            raise ValueError(f"Unknown method {name!r}; known: greedy, tr[:TREE].")
+            raise ValueError(f"Unknown method {name!r}; known: greedy, tr, tr:TREE, tr:TREE+pldN.")
     return specs
 
 

@@ -1,0 +1,134 @@
+"""The app: the session logic called directly, the launched app through gradio_client, the panels."""
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+from components.model_hub import ModelHub
+from components.session import Session, Settings, UserError
+from tr_core import AdjacencyMatrix
+from tr_core.models import EMBEDDED_LABEL
+
+PROMPT = "List three colours of the rainbow."
+
+
+@pytest.fixture(scope="module")
+def hub(embedded_lm):
+    return ModelHub(loaded={"embedded": embedded_lm})
+
+
+def settings(**kw) -> Settings:
+    base = dict(model=EMBEDDED_LABEL, tree="paper-80", k=8, max_new_tokens=24, hot_start=True)
+    base.update(kw)
+    return Settings(**base)
+
+
+def test_steps_render_every_panel(hub):
+    sess = Session()
+    for _ in range(3):
+        sess.step(hub, PROMPT, settings(), cap=256)
+    tree_fig, heat_fig, text, counters, charts, phases = sess.views()
+    nodes = [t for t in tree_fig.data if t.mode == "markers+text"]
+    step = sess.race.decoder.steps[-1]
+    assert step.tree.size >= 80  # the paper tree, plus any prompt-lookup branch
+    assert sum(len(t.x) for t in nodes) == step.tree.size + 2  # + the root and the bonus token
+    assert heat_fig.data and len(heat_fig.data[0].z) > 0
+    assert "speedup" in counters and "identical to greedy" in counters
+    assert text.count('title="step ') == len(sess.race.decoder.output)
+    assert "recycle" in phases and "accept" in phases
+    assert len(charts.data[1].y) == 3  # speedup after each of the three steps
+    figs = sess.race.figures()
+    assert figs["tr"]["forwards"] == 3 and figs["greedy"]["tokens"] >= figs["tr"]["tokens"]
+
+
+def test_run_to_end_is_identical_to_greedy(hub):
+    sess = Session()
+    sess.step(hub, PROMPT, settings(tree="tr-16"), cap=256)
+    while not sess.race.done:
+        sess.race.step()
+    figs = sess.race.figures()
+    assert figs["identical"] and figs["tr"]["tokens"] == 24
+
+
+def test_changed_prompt_or_settings_start_a_new_race(hub):
+    sess = Session()
+    sess.step(hub, PROMPT, settings(), cap=256)
+    first = sess.race
+    sess.step(hub, PROMPT, settings(), cap=256)
+    assert sess.race is first
+    sess.step(hub, PROMPT + "!", settings(), cap=256)
+    assert sess.race is not first and len(sess.race.decoder.steps) == 1
+    matrix = sess.matrix
+    sess.step(hub, PROMPT, settings(tree="tr-8"), cap=256)
+    assert sess.matrix is matrix and sess.race.decoder.tree.name == "tr-8"  # hot start kept the matrix
+
+
+@pytest.mark.parametrize("prompt, kw, message", [
+    ("", {}, "empty"),
+    ("   ", {}, "empty"),
+    ("x" * 30_000, {}, "limit"),
+    (PROMPT, {"max_new_tokens": 0}, "between 1 and 256"),
+    (PROMPT, {"max_new_tokens": 999}, "between 1 and 256"),
+    (PROMPT, {"model": "no-such-org/no-such-model"}, "Could not load"),
+    (PROMPT, {"tree": "no-such-tree"}, "Unknown tree"),
+])
+def test_bad_input_is_a_message(hub, prompt, kw, message):
+    with pytest.raises(UserError, match=message):
+        Session().step(hub, prompt, settings(**kw), cap=256)
+
+
+def test_prompt_longer_than_context(embedded_lm):
+    import dataclasses
+
+    short = ModelHub(loaded={"embedded": dataclasses.replace(embedded_lm, max_context=64)})
+    with pytest.raises(UserError, match="context of 64 tokens"):
+        Session().step(short, "Tell me a long story about a dragon. " * 8, settings(), cap=256)
+
+
+def test_matrix_save_load_and_foreign_file(hub, embedded_lm, tmp_path):
+    sess = Session()
+    sess.step(hub, PROMPT, settings(), cap=256)
+    path = sess.save_matrix(str(tmp_path))
+    saved = sess.matrix.table.clone()
+    sess.matrix.reset()
+    sess.load_matrix(hub, path, settings())
+    assert (sess.matrix.table == saved).all()
+    foreign = AdjacencyMatrix(100, 8, fingerprint="other")
+    foreign.save(tmp_path / "foreign.safetensors")
+    with pytest.raises(UserError, match="another vocabulary"):
+        sess.load_matrix(hub, str(tmp_path / "foreign.safetensors"), settings())
+    (tmp_path / "junk.safetensors").write_bytes(b"junk")
+    with pytest.raises(UserError, match="corrupt"):
+        sess.load_matrix(hub, str(tmp_path / "junk.safetensors"), settings())
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def launched(hub):
+    from app import build_app, serve
+
+    demo = build_app(hub)
+    port = free_port()
+    serve(demo, "127.0.0.1", port, prevent_thread_lock=True, quiet=True)
+    yield demo, f"http://127.0.0.1:{port}/"
+    demo.close()
+
+
+def test_launched_app_through_gradio_client(launched):
+    from gradio_client import Client
+
+    client = Client(launched[1], verbose=False)
+    args = (PROMPT, EMBEDDED_LABEL, "tr-16", 8, 16, True)
+    first = client.predict(*args, api_name="/do_step")
+    second = client.predict(*args, api_name="/do_step")
+    counters_1, counters_2 = first[3], second[3]
+    assert "speedup" in counters_1 and counters_1 != counters_2
+    assert "identical to greedy" in counters_2
+    bad = client.predict("", *args[1:], api_name="/do_step")
+    assert "empty" in bad[-1]

@@ -1,0 +1,54 @@
+"""A real browser (Debian's chromium via Playwright) types a prompt, steps, and sees every panel change."""
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from .test_app import PROMPT, hub, launched  # noqa: F401  (fixtures)
+
+SCREENSHOT = Path(__file__).resolve().parents[1] / "assets" / "screenshot.png"
+
+
+def test_browser_steps_draw_tree_heatmap_and_counters(launched, tmp_path):  # noqa: F811
+    chromium = shutil.which("chromium")
+    if chromium is None:
+        pytest.skip("Debian's chromium is not installed (.ci/run installs it)")
+    from playwright.sync_api import expect, sync_playwright
+
+    url = launched[1]
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium, args=[
+            "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+            "--disable-sync", "--no-first-run", "--disable-quic"])
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1250})
+            page.goto(url)
+            expect(page.locator("#status")).to_contain_text("Ready", timeout=90_000)
+            page.locator("#prompt textarea").fill(PROMPT)
+            counters = page.locator("#counters table.counters")  # not the progress overlay
+            page.locator("#step").click()
+            expect(counters).to_contain_text("speedup", timeout=60_000)
+            idle = page.locator("#counters .pending")
+            expect(page.locator("#tree-plot .js-plotly-plot")).to_have_count(1, timeout=30_000)
+            expect(page.locator("#matrix-heatmap .js-plotly-plot")).to_have_count(1, timeout=30_000)
+            before = counters.inner_text()
+            tree_before = page.locator("#tree-plot").inner_text()
+            for _ in range(3):
+                page.locator("#step").click()
+                expect(counters).not_to_have_text(before, timeout=60_000)
+                expect(idle).to_have_count(0, timeout=60_000)
+                before = counters.inner_text()
+            expect(page.locator("#tree-plot")).not_to_have_text(tree_before, timeout=30_000)
+            assert "identical to greedy" in page.locator("#counters").inner_text()
+            assert page.locator("#tree-plot .js-plotly-plot .point").count() > 10
+            assert page.locator("#matrix-heatmap .js-plotly-plot").inner_text().strip()
+            assert page.locator("#output-text .tok").count() >= 4, page.locator("#output-text").inner_html()[:3000]
+            target = SCREENSHOT if os.environ.get("UPDATE_SCREENSHOT") else tmp_path / "app.png"
+            page.wait_for_timeout(500)
+            page.screenshot(path=str(target), full_page=True)
+            assert target.stat().st_size > 10_000
+        finally:
+            browser.close()

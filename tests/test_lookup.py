@@ -1,0 +1,31 @@
+import torch
+
+from tr_core.lookup import graft_point, lookup_continuation
+
+
+def test_longest_ngram_first_and_earliest_match():
+    ctx = torch.tensor([1, 2, 3, 9, 9, 1, 2, 3, 7, 8, 5, 2, 3])
+    # the 3-gram [5, 2, 3] never occurred before; the 2-gram [2, 3] first occurs at 1 -> continue with 9, 9, ...
+    assert lookup_continuation(ctx, max_draft=4) == [9, 9, 1, 2]
+    ctx = torch.tensor([4, 1, 2, 3, 6, 6, 1, 2, 3])
+    assert lookup_continuation(ctx, max_draft=3) == [6, 6, 1]  # 3-gram [1, 2, 3] at 1
+
+
+def test_no_match_gives_nothing():
+    assert lookup_continuation(torch.tensor([1, 2, 3, 4]), max_draft=5) == []
+    assert lookup_continuation(torch.tensor([7]), max_draft=5) == []
+    assert lookup_continuation(torch.tensor([5, 6, 5]), max_draft=5, min_ngram=2) == []
+
+
+def test_continuation_stops_at_the_end_of_context():
+    assert lookup_continuation(torch.tensor([5, 6, 5]), max_draft=5) == [6, 5]
+
+
+def test_graft_point_skips_what_the_tree_already_holds():
+    # tree: 0 -> 1(tok 10) -> 3(tok 12); 0 -> 2(tok 11)
+    tokens = [99, 10, 11, 12]
+    children = [[1, 2], [3], [], []]
+    assert graft_point(tokens, children, [10, 12, 13, 14]) == (3, [13, 14])
+    assert graft_point(tokens, children, [11, 5]) == (2, [5])
+    assert graft_point(tokens, children, [7, 8]) == (0, [7, 8])
+    assert graft_point(tokens, children, [10, 12]) == (3, [])
