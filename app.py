@@ -14,8 +14,9 @@ import torch
 
 from components.model_hub import ModelHub
 from components.session import Session, Settings, UserError
-from tr_core.decoders.recycling import default_tree_name
+from tr_core.decoders.recycling import default_lookup, default_tree_name
 from tr_core.models import EMBEDDED_LABEL, pick_device
+from tr_core.planner import cost_curve_for
 from tr_core.trees import list_presets
 
 ASSETS = Path(__file__).with_name("assets")
@@ -34,7 +35,7 @@ def _error_text(err: BaseException) -> str:
 def build_app(hub: ModelHub, cap: int = 256, default_tokens: int = 96) -> gr.Blocks:
     device = pick_device(hub.device)
     examples = json.loads((ASSETS / "examples.json").read_text())
-    trees = list_presets() + ["chain-4"]
+    trees = ["auto"] + list_presets() + ["chain-4"]
 
     with gr.Blocks(title="Token Recycling, step by step") as demo:
         session = gr.State(None, time_to_live=3600)
@@ -54,13 +55,16 @@ def build_app(hub: ModelHub, cap: int = 256, default_tokens: int = 96) -> gr.Blo
             with gr.Column(scale=2):
                 with gr.Accordion("Settings", open=False):
                     default_model = EMBEDDED_LABEL if hub.default == "embedded" else hub.default
-                    model = gr.Dropdown(list(dict.fromkeys([default_model, *MODEL_CHOICES])), value=default_model, allow_custom_value=True,
+                    model = gr.Dropdown(list(dict.fromkeys([default_model, *MODEL_CHOICES])), value=default_model,
+                                        allow_custom_value=True,
                                         label="Model (any Hugging Face id on a GPU host)")
                     tree = gr.Dropdown(trees, value=default_tree_name(device), label="Draft tree",
                                        allow_custom_value=True)
                     k = gr.Slider(1, 8, value=8, step=1, label="k (candidates per matrix row)")
                     max_new = gr.Slider(1, cap, value=min(default_tokens, cap), step=1, label="Max new tokens")
                     hot = gr.Checkbox(True, label="Hot start (keep the matrix between prompts)")
+                    lookup = gr.Checkbox(default_lookup(device) > 0,
+                                         label="Merge prompt lookup into the tree (off = the paper's method alone)")
                     with gr.Row():
                         reset_matrix_btn = gr.Button("Reset matrix", size="sm")
                         save_btn = gr.Button("Save matrix", size="sm")
@@ -79,12 +83,12 @@ def build_app(hub: ModelHub, cap: int = 256, default_tokens: int = 96) -> gr.Blo
                 charts = gr.Plot(elem_id="charts", label="Acceptance and speedup")
         timer = gr.Timer(0.5, active=False)
 
-        settings_inputs = [model, tree, k, max_new, hot]
+        settings_inputs = [model, tree, k, max_new, hot, lookup]
         views = [tree_plot, heatmap, text, counters, charts, phases]
 
-        def settings(model_, tree_, k_, max_new_, hot_) -> Settings:
+        def settings(model_, tree_, k_, max_new_, hot_, lookup_) -> Settings:
             return Settings(str(model_ or ""), str(tree_ or "default"), int(k_ or 8),
-                            int(max_new_) if max_new_ is not None else 0, bool(hot_))
+                            int(max_new_) if max_new_ is not None else 0, bool(hot_), 10 if lookup_ else 0)
 
         def render(sess: Session, message: str = ""):
             return (sess, *sess.views(), message or sess.message)
@@ -158,6 +162,8 @@ def build_app(hub: ModelHub, cap: int = 256, default_tokens: int = 96) -> gr.Blo
             progress(0.1, desc="Loading the model (about 15 s on a CPU)…")
             try:
                 lm = hub.get(None)
+                progress(0.7, desc="Measuring the forward cost curve for the auto tree…")
+                cost_curve_for(lm)
             except Exception as err:
                 return _error_text(err)
             return f"Ready: {lm.name} on {lm.device} ({str(lm.dtype).replace('torch.', '')})."

@@ -22,9 +22,13 @@ def phase_html(step: Step | None, token_text) -> str:
     if step.method == "greedy":
         return (f'<div class="phases"><span class="ph">forward</span> greedy decoding ran one token '
                 f'({root}) through the model in {ms.get("forward", 0):.0f} ms and took its top choice, {own}.</div>')
+    looked = sum(1 for src in t.sources if src == "lookup")
+    from_matrix = t.size - looked
+    extra = (f" A further {looked} came from repeating what followed the same words earlier in the text "
+             f"(prompt lookup)." if looked else "")
     cells = [
-        ("retrieve", f"From the last token <b>{root}</b>, {t.size} draft tokens were read out of the matrix, "
-                     f"branch by branch ({ms.get('retrieve', 0):.1f} ms)."),
+        ("retrieve", f"From the last token <b>{root}</b>, {from_matrix} draft tokens were read out of the matrix, "
+                     f"branch by branch ({ms.get('retrieve', 0):.1f} ms).{extra}"),
         ("verify", f"One forward pass of {step.forward_tokens} tokens checked every branch at once, each token "
                    f"seeing only its ancestors ({ms.get('forward', 0):.0f} ms)."),
         ("accept", f"The longest branch matching the model's own choices had <b>{acc}</b> token{'s' * (acc != 1)}; "

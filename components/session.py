@@ -8,6 +8,7 @@ from pathlib import Path
 from tr_core import AdjacencyMatrix, GreedyDecoder, MatrixFileError, TokenRecyclingDecoder
 from tr_core.decoders import DecodeError
 from tr_core.models import LoadedModel, ModelLoadError
+from tr_core.planner import TreePlanner
 from tr_core.trees import TreeError
 
 from .counters import charts_figure, counters_html
@@ -32,6 +33,7 @@ class Settings:
     k: int
     max_new_tokens: int
     hot_start: bool
+    lookup: int = 0  # prompt-lookup tokens merged into the tree (0 = the paper's method alone)
 
     def validate(self, cap: int) -> None:
         if not isinstance(self.max_new_tokens, (int, float)) or not 1 <= self.max_new_tokens <= cap:
@@ -46,6 +48,7 @@ class Session:
 
     race: Race | None = None
     matrix: AdjacencyMatrix | None = None
+    planner: TreePlanner | None = None  # the auto tree's statistics, kept like the matrix
     started_with: tuple | None = None
     prompt: str = ""
     message: str = ""
@@ -61,6 +64,13 @@ class Session:
         self.matrix = m
         return m
 
+    def planner_for(self, lm: LoadedModel, hot_start: bool) -> TreePlanner:
+        if self.planner is None or self.planner.cost is not lm.cost_curve:
+            self.planner = TreePlanner(lm)
+        elif not hot_start:
+            self.planner.reset()
+        return self.planner
+
     def begin(self, hub: ModelHub, prompt: str, s: Settings, cap: int) -> None:
         """A new race on ``prompt``; the matrix carries over when hot start is on."""
         if not prompt or not prompt.strip():
@@ -74,11 +84,12 @@ class Session:
             raise UserError(str(err)) from None
         matrix = self.matrix_for(lm, int(s.k), s.hot_start)
         try:
-            tr = TokenRecyclingDecoder(lm, tree=s.tree, k=int(s.k), matrix=matrix,
-                                       max_new_tokens=int(s.max_new_tokens))
+            planner = self.planner_for(lm, s.hot_start) if s.tree == "auto" else None
+            tr = TokenRecyclingDecoder(lm, tree=s.tree, k=int(s.k), matrix=matrix, planner=planner,
+                                       max_new_tokens=int(s.max_new_tokens), lookup=int(s.lookup))
             race = Race(tr, GreedyDecoder(lm, int(s.max_new_tokens)))
             race.start(lm.encode_prompt(prompt))
-        except (DecodeError, TreeError, ValueError) as err:
+        except (DecodeError, TreeError, ValueError, OSError) as err:
             raise UserError(str(err)) from None
         self.race, self.prompt, self.started_with = race, prompt, (prompt, s)
 
@@ -121,7 +132,8 @@ class Session:
         tree_title = ""
         if race:
             tr = race.decoder
-            tree_title = f"Draft tree of step {step.index if step else 0} · {tr.tree.name} ({tr.tree.size} nodes)"
+            used = step.tree.size if step else tr.tree.size
+            tree_title = f"Draft tree of step {step.index if step else 0} · {tr.tree.name} ({used} nodes)"
         return (tree_figure(step, text_of, tree_title),
                 heatmap_figure(step, text_of),
                 output_html(race.decoder.steps if race else [], text_of),

@@ -9,7 +9,7 @@ from tr_core.trace import Step
 from .tokens import visible
 
 COLORS = {"root": "#1f4e99", "accepted": "#2e9d4f", "rejected": "#b8bec6", "bonus": "#e0a100",
-          "pld": "#8e44ad"}
+          "lookup": "#8e44ad"}
 
 
 def tree_layout(parents: list[int], depths: list[int]) -> dict[int, tuple[float, float]]:
@@ -84,7 +84,7 @@ def tree_figure(step: Step | None, token_text, title: str = "") -> go.Figure:
         textfont=dict(size=[11 if kinds[j] != "rejected" else 9 for j in order],
                       color=["#222" if kinds[j] != "rejected" else "#9aa1a9" for j in order]),
         marker=dict(size=[22 if kinds[j] == "root" else 16 if kinds[j] == "accepted" else 9 for j in order],
-                    color=[COLORS[kinds[j]] if sources[j] != "pld" or kinds[j] != "rejected" else "#d7c3e3"
+                    color=[COLORS["lookup"] if sources[j] == "lookup" and kinds[j] == "rejected" else COLORS[kinds[j]]
                            for j in order],
                     opacity=[1.0 if kinds[j] != "rejected" else 0.55 for j in order],
                     line=dict(width=1, color="white")),

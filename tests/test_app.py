@@ -124,7 +124,7 @@ def test_launched_app_through_gradio_client(launched):
     from gradio_client import Client
 
     client = Client(launched[1], verbose=False)
-    args = (PROMPT, EMBEDDED_LABEL, "tr-16", 8, 16, True)
+    args = (PROMPT, EMBEDDED_LABEL, "tr-16", 8, 16, True, True)
     first = client.predict(*args, api_name="/do_step")
     second = client.predict(*args, api_name="/do_step")
     counters_1, counters_2 = first[3], second[3]

@@ -13,12 +13,18 @@ PROMPTS = [[5, 9, 14, 3, 22, 9, 14], [7], [30, 31, 32, 33, 30, 31, 32, 33, 30, 3
 
 
 @pytest.mark.parametrize("tree, lookup", [("paper-80", 0), ("tr-16", 0), ("chain-4", 0), ("tr-16", 10),
-                                          ("chain-4", 5)])
+                                          ("chain-4", 5), ("auto", 0), ("auto", 10)])
 def test_tr_equals_generate(tiny_lm, tree, lookup):
+    from tr_core.planner import CostCurve, TreePlanner
+
     matrix = AdjacencyMatrix(tiny_lm.vocab_size, 8, fingerprint=tiny_lm.fingerprint)
+    planner = TreePlanner(tiny_lm, every=4)
+    planner.cost = CostCurve([1, 100, 200], [1.0, 1.2, 2.0])  # a GPU-like curve: trees pay
+    planner.reset()
     accepted = 0
     for ids in PROMPTS:
-        dec = TokenRecyclingDecoder(tiny_lm, tree=tree, matrix=matrix, max_new_tokens=40, lookup=lookup)
+        dec = TokenRecyclingDecoder(tiny_lm, tree=tree, matrix=matrix, max_new_tokens=40, lookup=lookup,
+                                    planner=planner)
         assert dec.generate(ids) == reference_greedy(tiny_lm, ids, 40)
         accepted += sum(s.accepted_drafts for s in dec.steps)
     assert accepted > 0, "the tiny model should accept some drafts, or this test proves little"
@@ -144,3 +150,40 @@ def test_lookup_branch_is_grafted_and_traced(tiny_lm):
         path = step.accepted_path
         assert all(t.tokens[b] == step.model_choices[a] for a, b in zip(path, path[1:]))
     assert grafted_steps > 0
+
+
+def test_auto_tree_replans_from_acceptance(tiny_lm):
+    from tr_core.planner import CostCurve, TreePlanner
+
+    planner = TreePlanner(tiny_lm, every=4)
+    planner.cost = CostCurve([1, 200], [1.0, 1.0])  # compute is free: the plan should grow
+    planner.reset()
+    first = planner.tree
+    dec = TokenRecyclingDecoder(tiny_lm, tree="auto", planner=planner, max_new_tokens=40, lookup=0)
+    out = dec.generate(PROMPTS[2])
+    assert out == reference_greedy(tiny_lm, PROMPTS[2], 40)
+    from tr_core.trees import tree_prior
+
+    assert first.size == sum(p > 0 for p in tree_prior("paper-80").values())  # free compute: all that can pay
+    sizes = {s.forward_tokens for s in dec.steps}
+    assert max(sizes) <= 81
+    planner.cost = CostCurve([1, 200], [1.0, 200.0])  # now every extra token costs a forward
+    planner.reset()
+    assert planner.tree.size == 0
+    dec = TokenRecyclingDecoder(tiny_lm, tree="auto", planner=planner, max_new_tokens=10, lookup=0)
+    assert dec.generate(PROMPTS[0]) == reference_greedy(tiny_lm, PROMPTS[0], 10)
+    assert all(s.forward_tokens == 1 for s in dec.steps)  # plain decoding
+
+
+def test_prompt_lookup_decoder_equals_generate_and_drafts(tiny_lm):
+    from tr_core import PromptLookupDecoder
+
+    drafted = 0
+    for ids in PROMPTS:
+        dec = PromptLookupDecoder(tiny_lm, max_new_tokens=30)
+        assert dec.generate(ids) == reference_greedy(tiny_lm, ids, 30)
+        drafted += sum(s.accepted_drafts for s in dec.steps)
+        for s in dec.steps:
+            assert s.tree.sources[0] == "root" and set(s.tree.sources[1:]) <= {"lookup"}
+            assert s.tree.depths == list(range(len(s.tree.tokens)))  # one chain
+    assert drafted > 0

@@ -2,12 +2,12 @@
 
 UI-free: importable without gradio.  See ``decoders`` for the step interface.
 """
-from .decoders import DECODERS, Decoder, DecodeError, GreedyDecoder, TokenRecyclingDecoder
+from .decoders import DECODERS, Decoder, DecodeError, GreedyDecoder, PromptLookupDecoder, TokenRecyclingDecoder
 from .matrix import AdjacencyMatrix, MatrixFileError
 from .models import LoadedModel, ModelLoadError, load_model, wrap_model
 from .trace import DraftTree, RowUpdate, Step
 from .trees import TreeError, TreeShape, list_presets, load_tree
 
 __all__ = ["AdjacencyMatrix", "DECODERS", "Decoder", "DecodeError", "DraftTree", "GreedyDecoder",
-           "LoadedModel", "MatrixFileError", "ModelLoadError", "RowUpdate", "Step", "TokenRecyclingDecoder",
+           "LoadedModel", "MatrixFileError", "ModelLoadError", "PromptLookupDecoder", "RowUpdate", "Step", "TokenRecyclingDecoder",
            "TreeError", "TreeShape", "list_presets", "load_model", "load_tree", "wrap_model"]

@@ -11,14 +11,20 @@ import torch
 def lookup_continuation(context: torch.Tensor, max_draft: int = 10, max_ngram: int = 3,
                         min_ngram: int = 1) -> list[int]:
     """``context [L]`` (CPU long) -> up to ``max_draft`` draft tokens (possibly none)."""
+    return lookup_with_ngram(context, max_draft, max_ngram, min_ngram)[0]
+
+
+def lookup_with_ngram(context: torch.Tensor, max_draft: int = 10, max_ngram: int = 3,
+                      min_ngram: int = 1) -> tuple[list[int], int]:
+    """As ``lookup_continuation``, also returning the n-gram size that matched (0: none)."""
     length = context.shape[0]
     for n in range(min(max_ngram, length - 1), min_ngram - 1, -1):
         windows = context[:-1].unfold(0, n, 1)  # [L - n, n], excludes the n-gram itself
         hits = (windows == context[-n:]).all(dim=1).nonzero().squeeze(1)
         if hits.numel():
             start = int(hits[0]) + n
-            return context[start:start + max_draft].tolist()
-    return []
+            return context[start:start + max_draft].tolist(), n
+    return [], 0
 
 
 def graft_point(tokens: list[int], children: list[list[int]], chain: list[int]) -> tuple[int, list[int]]:

@@ -37,6 +37,7 @@ class LoadedModel:
     eos_token_ids: tuple[int, ...]
     max_context: int
     cache_arg: str = "cache"  # the forward's name for the KV cache ("cache" or "past_key_values")
+    cost_curve: object = None  # forward seconds by query length, measured once (planner.cost_curve_for)
     _token_text: dict = field(default_factory=dict, repr=False)
 
     def encode_prompt(self, text: str, chat: bool = True) -> list[int]:

@@ -56,6 +56,15 @@ class TreeShape:
                 raise TreeError(f"Node {list(path)!r} has no parent {list(path[:-1])!r} in the tree.")
         return cls(name=name, paths=tuple(sorted(seen, key=lambda p: (len(p), p))))
 
+    @classmethod
+    def empty(cls) -> "TreeShape":
+        """No draft nodes: a step is then a plain one-token forward (the planner's fallback)."""
+        return cls(name="none", paths=())
+
+    def subtree(self, paths, name: str) -> "TreeShape":
+        """A parent-closed subset of this tree's nodes."""
+        return TreeShape.from_paths([list(p) for p in paths], name=name) if paths else TreeShape.empty()
+
     # ---- plain facts (root = node 0) -------------------------------------------------
     @property
     def size(self) -> int:
@@ -64,11 +73,11 @@ class TreeShape:
 
     @property
     def depth(self) -> int:
-        return len(self.paths[-1])
+        return len(self.paths[-1]) if self.paths else 0
 
     @property
     def max_rank(self) -> int:
-        return max(max(p) for p in self.paths)
+        return max((max(p) for p in self.paths), default=-1)
 
     @cached_property
     def parents(self) -> tuple[int, ...]:
@@ -177,6 +186,16 @@ class TreeTensors:
 # ---- presets -----------------------------------------------------------------------------------
 def list_presets() -> list[str]:
     return sorted(p.stem for p in PRESET_DIR.glob("*.json"))
+
+
+def tree_prior(name: str) -> dict[tuple[int, ...], float] | None:
+    """Per-node acceptance rates stored beside a preset (``"acceptance"``), if any."""
+    path = PRESET_DIR / f"{name}.json"
+    if not path.is_file():
+        return None
+    data = json.loads(path.read_text())
+    rates = data.get("acceptance") if isinstance(data, dict) else None
+    return {tuple(p): float(r) for p, r in zip(data["nodes"], rates)} if rates else None
 
 
 def load_tree(spec: str | Path | list, k: int | None = None) -> TreeShape:

@@ -8,11 +8,12 @@ from typing import Callable
 
 import torch
 
-from ..decoders import GreedyDecoder, TokenRecyclingDecoder
+from ..decoders import GreedyDecoder, PromptLookupDecoder, TokenRecyclingDecoder
 from ..decoders.base import Decoder
 from ..matrix import AdjacencyMatrix
 from ..models import LoadedModel
 from .data import BenchPrompt
+from .peers import HFPromptLookup
 
 
 @dataclass
@@ -22,6 +23,7 @@ class MethodSpec:
     name: str
     make: Callable[[LoadedModel, int], Decoder]
     tree: str = ""
+    reset: Callable[[], None] = lambda: None  # forget what was learnt (after the warm-up)
 
 
 @dataclass
@@ -42,11 +44,19 @@ def _tr_spec(name: str, lm: LoadedModel, tree: str | None, k: int, lookup: int |
     """``tr`` (the device default), ``tr:TREE`` (the paper's method on TREE) or ``tr:TREE+pldN``."""
     matrix = AdjacencyMatrix(lm.vocab_size, k, lm.device, lm.fingerprint)  # hot start across prompts
     probe = TokenRecyclingDecoder(lm, tree=tree, matrix=matrix, lookup=lookup)
-    lookup = probe.lookup
+    lookup, planner = probe.lookup, probe.planner
     extra = f" + lookup {lookup}" if lookup else ""
-    return MethodSpec(name, lambda lm_, n: TokenRecyclingDecoder(lm_, tree=probe.tree, matrix=matrix, lookup=lookup,
-                                                                 max_new_tokens=n, trace_rows=False),
-                      tree=f"{probe.tree.name} ({probe.tree.size} nodes){extra}")
+    shape = "auto" if planner is not None else probe.tree
+
+    def reset() -> None:
+        matrix.reset()
+        if planner is not None:
+            planner.reset()
+    return MethodSpec(name, lambda lm_, n: TokenRecyclingDecoder(lm_, tree=shape, matrix=matrix, lookup=lookup,
+                                                                 planner=planner, max_new_tokens=n,
+                                                                 trace_rows=False),
+                      tree=("auto (cost-aware, from paper-80)" if planner else
+                            f"{probe.tree.name} ({probe.tree.size} nodes)") + extra, reset=reset)
 
 
 def parse_methods(text: str, lm: LoadedModel, tree: str | None = None, k: int = 8,
@@ -58,6 +68,12 @@ def parse_methods(text: str, lm: LoadedModel, tree: str | None = None, k: int = 
         base, _, arg = name.partition(":")
         if base == "greedy":
             continue
+        if base == "pld":
+            specs.append(MethodSpec("pld", lambda lm_, n: PromptLookupDecoder(lm_, n), tree="3..1-gram, 10 drafts"))
+            continue
+        if base == "hf-pld":
+            specs.append(MethodSpec("hf-pld", lambda lm_, n: HFPromptLookup(lm_, n), tree="generate(prompt_lookup=10)"))
+            continue
         if base == "tr" and not arg:
             specs.append(_tr_spec(name, lm, tree, k, lookup))
         elif base == "tr":
@@ -68,7 +84,7 @@ def parse_methods(text: str, lm: LoadedModel, tree: str | None = None, k: int = 
                 raise ValueError(f"Bad method {name!r}: use tr:TREE+pldN with N a number.") from None
             specs.append(_tr_spec(name, lm, shape, k, n))
         else:
-            raise ValueError(f"Unknown method {name!r}; known: greedy, tr, tr:TREE, tr:TREE+pldN.")
+            raise ValueError(f"Unknown method {name!r}; known: greedy, tr, tr:TREE, tr:TREE+pldN, pld, hf-pld.")
     return specs
 
 
@@ -79,7 +95,7 @@ def _first_mismatch(a: list[int], b: list[int]) -> int | None:
     return None if len(a) == len(b) else min(len(a), len(b))
 
 
-def _timed_generate(dec: Decoder, ids: list[int]) -> tuple[list[int], float]:
+def _timed_generate(dec, ids: list[int]) -> tuple[list[int], float]:
     sync = torch.cuda.synchronize if dec.lm.device.type == "cuda" else (lambda: None)
     sync()
     t0 = time.perf_counter()
@@ -96,9 +112,7 @@ def run_benchmark(lm: LoadedModel, prompts: list[BenchPrompt], specs: list[Metho
         for spec in specs:
             spec.make(lm, min(16, max_new_tokens)).generate(ids)
     for spec in specs:
-        matrix = getattr(spec.make(lm, 1), "matrix", None)
-        if matrix is not None:
-            matrix.reset()
+        spec.reset()
     runs: list[Run] = []
     iterator = zip(prompts, encoded)
     try:

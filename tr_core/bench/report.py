@@ -15,7 +15,7 @@ def _figures(runs, greedy_tps: float | None) -> dict:
             phases[k] += v
     return {
         "prompts": len(runs), "new_tokens": tokens, "seconds": round(secs, 4), "steps": steps,
-        "tok_per_s": round(tps, 3), "mat": round(tokens / steps, 4) if steps else 0.0,
+        "tok_per_s": round(tps, 3), "mat": round(tokens / steps, 4) if steps else None,
         "speedup": round(tps / greedy_tps, 4) if greedy_tps else 1.0,
         "identical": round(sum(r.identical for r in runs) / len(runs), 4) if runs else 0.0,
         "mean_forward_tokens": round(sum(r.forward_tokens for r in runs) / steps, 2) if steps else 0.0,
@@ -55,8 +55,9 @@ def format_table(summary: dict) -> str:
     head = f"{'method':<22}{'tokens':>8}{'seconds':>10}{'tok/s':>9}{'MAT':>7}{'speedup':>9}{'identical':>11}"
     lines = [head, "-" * len(head)]
     for name, m in methods.items():
+        mat = f"{m['mat']:>7.2f}" if m["mat"] is not None else f"{'-':>7}"
         lines.append(f"{name:<22}{m['new_tokens']:>8}{m['seconds']:>10.2f}{m['tok_per_s']:>9.2f}"
-                     f"{m['mat']:>7.2f}{m['speedup']:>8.2f}x{m['identical'] * 100:>10.0f}%")
+                     f"{mat}{m['speedup']:>8.2f}x{m['identical'] * 100:>10.0f}%")
     cats = sorted({c for m in methods.values() for c in m["per_category"]})
     if cats:
         lines += ["", "speedup (MAT) per category", f"{'category':<18}" + "".join(f"{n:>22}" for n in methods)]
@@ -64,6 +65,7 @@ def format_table(summary: dict) -> str:
             cells = []
             for m in methods.values():
                 pc = m["per_category"].get(c)
-                cells.append(f"{pc['speedup']:.2f}x ({pc['mat']:.2f})" if pc else "-")
+                mat = f" ({pc['mat']:.2f})" if pc and pc["mat"] is not None else ""
+                cells.append(f"{pc['speedup']:.2f}x{mat}" if pc else "-")
             lines.append(f"{c:<18}" + "".join(f"{x:>22}" for x in cells))
     return "\n".join(lines)

@@ -1,9 +1,11 @@
 """One file per method, all on the step interface of ``base.Decoder``."""
 from .base import Decoder, DecodeError, PhaseClock
 from .greedy import GreedyDecoder
+from .pld import PromptLookupDecoder
 from .recycling import TokenRecyclingDecoder, default_tree_name
+from .tree_step import TreeDecoder
 
-DECODERS = {"greedy": GreedyDecoder, "tr": TokenRecyclingDecoder}
+DECODERS = {"greedy": GreedyDecoder, "tr": TokenRecyclingDecoder, "pld": PromptLookupDecoder}
 
-__all__ = ["DECODERS", "Decoder", "DecodeError", "GreedyDecoder", "PhaseClock", "TokenRecyclingDecoder",
-           "default_tree_name"]
+__all__ = ["DECODERS", "Decoder", "DecodeError", "GreedyDecoder", "PhaseClock", "PromptLookupDecoder",
+           "TokenRecyclingDecoder", "TreeDecoder", "default_tree_name"]

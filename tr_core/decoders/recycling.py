@@ -12,17 +12,17 @@ from __future__ import annotations
 
 import torch
 
-from ..cache import keep_accepted_kv
-from ..lookup import graft_point, lookup_continuation
+from ..lookup import graft_point, lookup_with_ngram
 from ..matrix import AdjacencyMatrix
 from ..models import LoadedModel
-from ..trace import DraftTree, RowUpdate, Step
+from ..planner import TreePlanner
+from ..trace import RowUpdate, Step
 from ..trees import TreeShape, load_tree
-from ..verify import verify_greedy
-from .base import Decoder, PhaseClock
+from .base import PhaseClock
+from .tree_step import TreeDecoder
 
 GPU_DEFAULT_TREE = "paper-80"
-CPU_DEFAULT_TREE = "tr-16"
+CPU_DEFAULT_TREE = "auto"
 CPU_DEFAULT_LOOKUP = 10
 
 
@@ -30,18 +30,25 @@ def default_tree_name(device: torch.device) -> str:
     return GPU_DEFAULT_TREE if device.type == "cuda" else CPU_DEFAULT_TREE
 
 
-class TokenRecyclingDecoder(Decoder):
+class TokenRecyclingDecoder(TreeDecoder):
     """``matrix`` may be shared between decoders and requests: that is the hot start."""
 
     method = "tr"
 
     def __init__(self, lm: LoadedModel, tree: TreeShape | str | list | None = None, k: int = 8,
                  matrix: AdjacencyMatrix | None = None, max_new_tokens: int = 128, trace_rows: bool = True,
-                 lookup: int | None = None):
-        """``lookup``: longest prompt-lookup continuation merged into each tree (0 = the paper's
-        method alone; None = the device default)."""
+                 lookup: int | None = None, planner: TreePlanner | None = None):
+        """``tree``: a shape, a preset name, rank paths, or ``"auto"`` (the cost-aware tree, planned by
+        ``planner``, which like ``matrix`` may be shared across requests).  ``lookup``: longest
+        prompt-lookup continuation merged into each tree (0 = the paper's method alone; None = the
+        device default)."""
         super().__init__(lm, max_new_tokens)
         self.lookup = default_lookup(lm.device) if lookup is None else int(lookup)
+        if tree is None or tree == "default":
+            tree = default_tree_name(lm.device)
+        self.planner = (planner or TreePlanner(lm)) if tree == "auto" else None
+        if self.planner is not None:
+            tree = self.planner.tree
         if matrix is None:
             matrix = AdjacencyMatrix(lm.vocab_size, k, lm.device, lm.fingerprint)
         if matrix.fingerprint != lm.fingerprint or matrix.vocab_size != lm.vocab_size:
@@ -59,7 +66,8 @@ class TokenRecyclingDecoder(Decoder):
             raise ValueError(f"Tree {shape.name!r} needs rank {shape.max_rank}, but k={self.matrix.k}.")
         self.tree = shape
         self.tree_t = shape.tensors(self.lm.device, self.lm.dtype)
-        self.lookahead = max(shape.depth, getattr(self, "lookup", 0)) + 1
+        deepest = self.planner.universe.depth if self.planner is not None else shape.depth
+        self.lookahead = max(deepest, self.lookup) + 1
 
     def prefill(self, prefix: torch.Tensor) -> None:
         """Run the prompt and seed ``M`` from its logits (``prefix [L]``)."""
@@ -69,54 +77,48 @@ class TokenRecyclingDecoder(Decoder):
     @torch.inference_mode()
     def step(self) -> Step:
         self._check_running()
-        tree, clock, past = self.tree_t, PhaseClock(self.lm.device), self.cache_length
+        tree, clock = self.tree_t, PhaseClock(self.lm.device)
         with clock.phase("retrieve"):
             tokens = self.matrix.retrieve_draft_tree(self.last, tree)  # [q]
         sources = ["root"] + ["matrix"] * self.tree.size
+        shape, ngram, grafted = self.tree, 0, 0
         if self.lookup:
             with clock.phase("lookup"):
-                tokens, tree, grafted = self.graft_lookup(tokens, tree)
+                tokens, tree, grafted, ngram = self.graft_lookup(tokens, tree)
             sources += ["lookup"] * grafted
-        with clock.phase("prepare"):
-            positions = tree.position_ids(past)  # [1, q]
-            mask = tree.attention_mask(past)  # [1, 1, q, past + q]
-        with clock.phase("forward"):
-            logits = self.forward(tokens[None], positions, mask)  # [q, vocab]
-        with clock.phase("verify"):
-            verdict = verify_greedy(tokens, logits, tree)
-            path = verdict.path.tolist()
-            bonus = int(verdict.bonus)
+        logits, verdict, path = self.verify_tree(tokens, tree, clock)
         with clock.phase("update"):
             rows = self.matrix.recycle(tokens, logits, keep_old=self.trace_rows)
-        with clock.phase("prune"):
-            keep_accepted_kv(self.cache, past, path)
-
-        token_list = tokens.tolist()
-        self.last = verdict.bonus
-        committed = self.commit([token_list[i] for i in path[1:]] + [bonus])
-        parents = tree.parents.tolist()
-        parents[0] = -1
-        return self.record(Step(
-            index=len(self.steps) + 1, method=self.method,
-            tree=DraftTree(tokens=token_list, parents=parents, depths=tree.depths.tolist(),
-                           ranks=tree.ranks.tolist(), sources=sources),
-            accepted_path=path, committed=committed, model_choices=verdict.choices.tolist(),
-            rows_written=_row_updates(rows) if self.trace_rows else [],
-            forward_tokens=len(token_list), cache_length=past, timings=clock.seconds))
-
+        if self.planner is not None:
+            self.plan_next(shape, path, ngram, grafted, tokens.shape[0], clock.seconds["forward"])
+        return self.finish_tree_step(tokens, tree, sources, verdict, path, clock,
+                                     _row_updates(rows) if self.trace_rows else None)
 
     def graft_lookup(self, tokens: torch.Tensor, tree):
         """Merge the prompt-lookup continuation of the context under the root, skipping the part
-        the matrix already drafted.  Returns (tokens [q'], tree tensors, grafted node count)."""
+        the matrix already drafted (with a planner: only when it is expected to pay).
+
+        Returns (tokens [q'], tree tensors, grafted node count, matched n-gram size)."""
         context = torch.tensor(self.prompt + self.output)
-        chain = lookup_continuation(context, self.lookup)
+        chain, ngram = lookup_with_ngram(context, self.lookup)
         if not chain:
-            return tokens, tree, 0
+            return tokens, tree, 0, 0
         attach, rest = graft_point(tokens.tolist(), self.tree.children, chain)
-        if not rest:
-            return tokens, tree, 0
+        if not rest or (self.planner is not None and not self.planner.lookup_pays(
+                tokens.shape[0], len(rest), self.planner.lookup_gain[ngram])):
+            return tokens, tree, 0, 0
         grafted = torch.tensor(rest, dtype=tokens.dtype, device=tokens.device)
-        return torch.cat([tokens, grafted]), tree.graft_chain(attach, len(rest)), len(rest)
+        return torch.cat([tokens, grafted]), tree.graft_chain(attach, len(rest)), len(rest), ngram
+
+    def plan_next(self, shape: TreeShape, path: list[int], ngram: int, grafted: int, q: int,
+                  forward_seconds: float) -> None:
+        """Feed this step's acceptance and forward time to the planner; switch trees when it re-plans."""
+        accepted = [shape.paths[i - 1] for i in path[1:] if i <= shape.size]
+        if grafted:
+            self.planner.record_lookup(ngram, sum(1 for i in path[1:] if i > shape.size))
+        new = self.planner.record(shape, accepted, q, forward_seconds)
+        if new is not None:
+            self.set_tree(new)
 
 
 def default_lookup(device: torch.device) -> int:

@@ -1,0 +1,68 @@
+import pytest
+
+from tr_core.planner import AcceptanceStats, CostCurve, plan_tree
+from tr_core.trees import TreeShape, load_tree
+
+UNIVERSE = TreeShape.from_paths([[0], [1], [0, 0]])
+
+
+def test_cost_curve_interpolates_and_extrapolates():
+    c = CostCurve([1, 3, 5], [1.0, 2.0, 4.0])
+    assert c(1) == 1.0 and c(2) == 1.5 and c(4) == 3.0 and c(7) == 6.0 and c(0) == 1.0
+
+
+def test_plan_by_hand():
+    est = {(0,): 0.6, (1,): 0.1, (0, 0): 0.5}.get
+    cost = CostCurve([1, 2, 3, 4], [1.0, 1.2, 1.3, 2.0])
+    # n=1: 1.6/1.2 = 1.33; n=2 (adds [0,0], p .5 > .1): 2.1/1.3 = 1.62; n=3: 2.2/2.0 = 1.1
+    tree, expected = plan_tree(UNIVERSE, est, cost)
+    assert tree.paths == ((0,), (0, 0)) and expected == pytest.approx(2.1)
+
+
+def test_free_compute_takes_every_useful_node_and_costly_compute_none():
+    est = {(0,): 0.6, (1,): 0.1, (0, 0): 0.5}.get
+    flat = CostCurve([1, 100], [1.0, 1.0])
+    assert plan_tree(UNIVERSE, est, flat)[0].size == 3
+    steep = CostCurve([1, 100], [1.0, 100.0])  # each extra token costs a whole forward
+    tree, expected = plan_tree(UNIVERSE, est, steep)
+    assert tree.size == 0 and expected == 1.0  # degrade to plain decoding
+
+
+def test_children_only_after_their_parent():
+    est = {(0,): 0.05, (1,): 0.1, (0, 0): 0.9}.get  # a child rated above its parent
+    flat = CostCurve([1, 100], [1.0, 1.0])
+    tree, _ = plan_tree(UNIVERSE, est, flat)
+    assert set(tree.paths) == {(0,), (1,), (0, 0)}
+    mid = CostCurve([1, 2, 3, 4], [1.0, 1.05, 1.5, 2.0])
+    tree, _ = plan_tree(UNIVERSE, est, mid)
+    assert tree.paths == ((1,),)  # (0, 0) is unreachable without paying for (0,) first
+
+
+def test_statistics_shrink_towards_the_prior_and_move_with_evidence():
+    stats = AcceptanceStats(UNIVERSE, {(0,): 0.5}, weight=10)
+    assert stats.estimate((0,)) == 0.5 and stats.estimate((1,)) == 0.0
+    for _ in range(30):
+        stats.record(UNIVERSE, [(1,)])
+    assert stats.estimate((1,)) == pytest.approx(30 / 40)
+    assert stats.estimate((0,)) == pytest.approx(5 / 40)
+    stats.forget(keep=set(), factor=0.5)
+    assert stats.estimate((1,)) == pytest.approx(15 / 25)
+
+
+def test_paper_tree_carries_a_prior_for_every_node():
+    from tr_core.trees import tree_prior
+
+    prior = tree_prior("paper-80")
+    assert set(prior) == set(load_tree("paper-80").paths)
+    assert prior[(0,)] == max(prior.values())
+
+
+def test_cost_curve_follows_observed_forward_times():
+    c = CostCurve([1, 8, 16], [1.0, 2.0, 3.0])
+    for _ in range(200):
+        c.observe(8, 4.0, rate=0.1)
+    assert c(8) == pytest.approx(4.0, rel=0.01)
+    assert c(16) >= c(8) and c(1) == 1.0  # still non-decreasing
+    for _ in range(200):
+        c.observe(1, 0.5, rate=0.1)
+    assert c(1) == pytest.approx(0.5, rel=0.01)

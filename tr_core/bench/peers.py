@@ -1,0 +1,26 @@
+"""External peers run in the same process on the same model, timed like our decoders."""
+from __future__ import annotations
+
+import torch
+
+from ..models import LoadedModel
+
+
+class HFPromptLookup:
+    """transformers' own ``generate(prompt_lookup_num_tokens=N)``: greedy, no step trace."""
+
+    method = "hf-pld"
+
+    def __init__(self, lm: LoadedModel, max_new_tokens: int, num_tokens: int = 10):
+        self.lm, self.max_new_tokens, self.num_tokens = lm, max_new_tokens, num_tokens
+        self.steps: list = []  # generate() does not expose its steps: MAT is not reported
+        self.output: list[int] = []
+
+    @torch.inference_mode()
+    def generate(self, prompt_ids: list[int]) -> list[int]:
+        x = torch.tensor([prompt_ids], device=self.lm.device)
+        out = self.lm.model.generate(x, attention_mask=torch.ones_like(x), do_sample=False,
+                                     max_new_tokens=self.max_new_tokens, prompt_lookup_num_tokens=self.num_tokens,
+                                     pad_token_id=self.lm.eos_token_ids[0] if self.lm.eos_token_ids else None)
+        self.output = out[0, len(prompt_ids):].tolist()
+        return self.output

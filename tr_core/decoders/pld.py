@@ -1,0 +1,35 @@
+"""Prompt lookup decoding (PLD), as Spec-Bench runs it: the continuation of the last 3- down to
+1-gram's earliest earlier occurrence in the context, up to 10 tokens, verified as one chain."""
+from __future__ import annotations
+
+import torch
+
+from ..lookup import lookup_continuation
+from ..models import LoadedModel
+from ..trace import Step
+from ..trees import TreeShape
+from .base import PhaseClock
+from .tree_step import TreeDecoder
+
+
+class PromptLookupDecoder(TreeDecoder):
+    method = "pld"
+
+    def __init__(self, lm: LoadedModel, max_new_tokens: int = 128, max_draft: int = 10, max_ngram: int = 3,
+                 min_ngram: int = 1):
+        super().__init__(lm, max_new_tokens)
+        self.max_draft, self.max_ngram, self.min_ngram = max_draft, max_ngram, min_ngram
+        self.lookahead = max_draft + 1
+        self.root_only = TreeShape.empty().tensors(lm.device, lm.dtype)
+
+    @torch.inference_mode()
+    def step(self) -> Step:
+        self._check_running()
+        clock = PhaseClock(self.lm.device)
+        with clock.phase("lookup"):
+            chain = lookup_continuation(torch.tensor(self.prompt + self.output), self.max_draft,
+                                        self.max_ngram, self.min_ngram)
+            tree = self.root_only.graft_chain(0, len(chain)) if chain else self.root_only
+            tokens = torch.cat([self.last.view(1), torch.tensor(chain, dtype=torch.long, device=self.lm.device)])
+        _, verdict, path = self.verify_tree(tokens, tree, clock)
+        return self.finish_tree_step(tokens, tree, ["root"] + ["lookup"] * len(chain), verdict, path, clock)

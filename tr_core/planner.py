@@ -1,0 +1,187 @@
+"""The cost-aware tree: pick the draft tree that maximises expected tokens per second.
+
+    throughput(tree) = (1 + sum of p(node) over the tree's nodes) / cost(1 + |tree|)
+
+where ``p(node)`` is how often that node was accepted (online statistics by rank path, starting
+from a prior) and ``cost(q)`` the measured time of one forward with ``q`` query tokens on this
+model and device.  A node counts once when accepted, so the expected tokens of a step are exactly
+1 + the sum of its nodes' acceptance probabilities.  When no tree pays, the plan is empty and a
+step is a plain one-token forward: never worse than greedy by more than noise.
+"""
+from __future__ import annotations
+
+import heapq
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from .trees import TreeShape, load_tree, tree_prior
+
+COST_LENGTHS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 81, 96, 128)
+
+
+@dataclass
+class CostCurve:
+    """Seconds of one forward by query length, over a cache of ``prefix`` tokens."""
+
+    lengths: list[int]
+    seconds: list[float]
+
+    def __call__(self, q: int) -> float:
+        xs, ys = self.lengths, self.seconds
+        if q <= xs[0]:
+            return ys[0]
+        for (x0, y0), (x1, y1) in zip(zip(xs, ys), zip(xs[1:], ys[1:])):
+            if q <= x1:
+                return y0 + (y1 - y0) * (q - x0) / (x1 - x0)
+        slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])
+        return ys[-1] + slope * (q - xs[-1])
+
+    def observe(self, q: int, seconds: float, rate: float = 0.05) -> None:
+        """Blend a forward time seen while decoding into the nearest grid point, so the curve
+        follows the machine's real load instead of one measurement at start."""
+        i = min(range(len(self.lengths)), key=lambda j: abs(self.lengths[j] - q))
+        scaled = seconds * self.seconds[i] / max(self(q), 1e-9)
+        self.seconds[i] += rate * (scaled - self.seconds[i])
+        for j in range(i + 1, len(self.seconds)):  # keep it non-decreasing
+            self.seconds[j] = max(self.seconds[j], self.seconds[j - 1])
+        for j in range(i - 1, -1, -1):
+            self.seconds[j] = min(self.seconds[j], self.seconds[j + 1])
+
+    @classmethod
+    @torch.inference_mode()
+    def measure(cls, lm, lengths=COST_LENGTHS, prefix: int = 128, repeats: int = 3) -> "CostCurve":
+        """Time ``model(q tokens)`` over a ``prefix``-token cache: lengths interleaved round by
+        round (so passing load hits all alike), median of ``repeats`` after a warm-up round.
+
+        The curve is made non-decreasing (a longer forward never costs less), which also smooths noise.
+        """
+        from transformers import DynamicCache
+
+        gen = torch.Generator().manual_seed(0)
+        dev = lm.device
+        ids = torch.randint(min(100, lm.vocab_size - 1), lm.vocab_size, (1, prefix + max(lengths)), generator=gen).to(dev)
+        sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+        cache = DynamicCache(config=lm.model.config)
+        lm.model(input_ids=ids[:, :prefix], use_cache=True, logits_to_keep=1, **{lm.cache_arg: cache})
+        times: dict[int, list[float]] = {q: [] for q in lengths}
+        for r in range(repeats + 1):
+            for q in lengths:
+                x = ids[:, prefix:prefix + q]
+                pos = torch.arange(prefix, prefix + q, device=dev)[None]
+                sync()
+                t0 = time.perf_counter()
+                lm.model(input_ids=x, position_ids=pos, use_cache=True, **{lm.cache_arg: cache})
+                sync()
+                if r:
+                    times[q].append(time.perf_counter() - t0)
+                cache.crop(-q)
+        seconds = [sorted(times[q])[len(times[q]) // 2] for q in lengths]
+        for i in range(1, len(seconds)):
+            seconds[i] = max(seconds[i], seconds[i - 1])
+        return cls(list(lengths), seconds)
+
+
+def cost_curve_for(lm) -> CostCurve:
+    """The model's cost curve, measured once and kept on the shared ``LoadedModel``."""
+    if lm.cost_curve is None:
+        lm.cost_curve = CostCurve.measure(lm)
+    return lm.cost_curve
+
+
+@dataclass
+class AcceptanceStats:
+    """Online acceptance counts per node of a universe tree, shrunk towards a prior."""
+
+    universe: TreeShape
+    prior: dict[tuple[int, ...], float]
+    weight: float = 16.0  # the prior counts as this many trials
+    trials: dict[tuple[int, ...], float] = field(default_factory=dict)
+    hits: dict[tuple[int, ...], float] = field(default_factory=dict)
+
+    def record(self, used: TreeShape, accepted: list[tuple[int, ...]]) -> None:
+        for p in used.paths:
+            self.trials[p] = self.trials.get(p, 0.0) + 1.0
+        for p in accepted:
+            self.hits[p] = self.hits.get(p, 0.0) + 1.0
+
+    def forget(self, keep: set, factor: float = 0.8) -> None:
+        """Nodes outside the tree drift back to the prior, so they are tried again later."""
+        for p in list(self.trials):
+            if p not in keep:
+                self.trials[p] *= factor
+                self.hits[p] = self.hits.get(p, 0.0) * factor
+
+    def estimate(self, p: tuple[int, ...]) -> float:
+        prior = self.prior.get(p, 0.0)
+        return (self.hits.get(p, 0.0) + self.weight * prior) / (self.trials.get(p, 0.0) + self.weight)
+
+
+def plan_tree(universe: TreeShape, estimate, cost: CostCurve, extra: int = 0) -> tuple[TreeShape, float]:
+    """Best-first growth from the root by estimated acceptance; keep the size with the best throughput.
+
+    Returns the tree and its expected committed tokens per step (1 + sum of the nodes' estimates).
+    """
+    children: dict[tuple, list[tuple]] = {}
+    for p in universe.paths:
+        children.setdefault(p[:-1], []).append(p)
+    frontier = [(-estimate(p), p) for p in children.get((), [])]
+    heapq.heapify(frontier)
+    chosen, gain = [], 0.0
+    best_n, best_gain, best_rate = 0, 0.0, 1.0 / cost(1 + extra)
+    while frontier:
+        neg, p = heapq.heappop(frontier)
+        chosen.append(p)
+        gain += -neg
+        rate = (1.0 + gain) / cost(1 + len(chosen) + extra)
+        if rate > best_rate:
+            best_n, best_gain, best_rate = len(chosen), gain, rate
+        for c in children.get(p, []):
+            heapq.heappush(frontier, (-estimate(c), c))
+    picked = chosen[:best_n]
+    return universe.subtree(picked, name=f"auto-{best_n}"), 1.0 + best_gain
+
+
+class TreePlanner:
+    """Re-plans the tree every ``every`` steps from the acceptance seen so far."""
+
+    def __init__(self, lm, universe: str = "paper-80", every: int = 8):
+        self.universe_name = universe
+        self.universe = load_tree(universe)
+        self.cost = cost_curve_for(lm)
+        self.every = every
+        self.reset()
+
+    def reset(self) -> None:
+        """Back to the prior: no statistics, the initial plan."""
+        self.stats = AcceptanceStats(self.universe, tree_prior(self.universe_name) or {})
+        self.steps = 0
+        self.expected = 1.0
+        self.tree, self.expected = plan_tree(self.universe, self.stats.estimate, self.cost)
+        # expected extra tokens accepted from a prompt-lookup branch, by matched n-gram size
+        self.lookup_gain = {1: 0.5, 2: 1.0, 3: 2.0}
+
+    def record_lookup(self, ngram: int, accepted: int, rate: float = 0.1) -> None:
+        self.lookup_gain[ngram] += rate * (accepted - self.lookup_gain[ngram])
+
+    def record(self, used: TreeShape, accepted: list[tuple[int, ...]], forward_tokens: int = 0,
+               forward_seconds: float = 0.0) -> TreeShape | None:
+        """Count one step (and its forward's time); returns a new tree when it is time to re-plan
+        and the plan changed."""
+        self.stats.record(used, accepted)
+        if forward_tokens:
+            self.cost.observe(forward_tokens, forward_seconds)
+        self.steps += 1
+        if self.steps % self.every:
+            return None
+        self.stats.forget(set(used.paths))
+        tree, self.expected = plan_tree(self.universe, self.stats.estimate, self.cost)
+        if tree.paths == self.tree.paths:
+            return None
+        self.tree = tree
+        return tree
+
+    def lookup_pays(self, q: int, length: int, gain: float) -> bool:
+        """Does adding ``length`` lookup tokens that are expected to add ``gain`` tokens raise throughput?"""
+        return (self.expected + gain) / self.cost(q + length) > self.expected / self.cost(q)
