@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -43,7 +44,10 @@ def test_browser_steps_draw_tree_heatmap_and_counters(launched, tmp_path):  # no
                 before = counters.inner_text()
             expect(page.locator("#tree-plot")).not_to_have_text(tree_before, timeout=30_000)
             assert "identical to greedy" in page.locator("#counters").inner_text()
-            assert page.locator("#tree-plot .js-plotly-plot .point").count() > 10
+            title = re.search(r"step (\d+) · .*\((\d+) nodes\)", page.locator("#tree-plot").inner_text())
+            assert title and title.group(1) == "4"
+            # every drafted node, the root and the bonus token are drawn as points
+            assert page.locator("#tree-plot .js-plotly-plot .point").count() == int(title.group(2)) + 2
             assert page.locator("#matrix-heatmap .js-plotly-plot").inner_text().strip()
             assert page.locator("#output-text .tok").count() >= 4, page.locator("#output-text").inner_html()[:3000]
             target = SCREENSHOT if os.environ.get("UPDATE_SCREENSHOT") else tmp_path / "app.png"

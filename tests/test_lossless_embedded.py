@@ -28,8 +28,9 @@ def test_embedded_model_facts(embedded_lm):
     assert str(embedded_lm.dtype) == "torch.float32"
 
 
-@pytest.mark.parametrize("tree", ["paper-80", "default"])
-def test_token_recycling_is_lossless(embedded_lm, references, tree):
+@pytest.mark.parametrize("tree, min_accepted", [("paper-80", 0.3), ("default", 0.1)])
+def test_token_recycling_is_lossless(embedded_lm, references, tree, min_accepted):
+    """The paper's tree, and the CPU default (cost-aware tree + prompt lookup, which drafts less)."""
     matrix = AdjacencyMatrix(embedded_lm.vocab_size, 8, embedded_lm.device, embedded_lm.fingerprint)
     accepted = steps = 0
     for prompt in PROMPTS:  # hot start: one matrix across prompts
@@ -39,4 +40,4 @@ def test_token_recycling_is_lossless(embedded_lm, references, tree):
         assert out == references[prompt], f"mismatch on {prompt!r} with tree {tree}"
         accepted += sum(s.accepted_drafts for s in dec.steps)
         steps += len(dec.steps)
-    assert accepted / steps > 0.3, "drafts are hardly ever accepted: the matrix is not learning"
+    assert accepted / steps > min_accepted, "drafts are hardly ever accepted: the matrix is not learning"

@@ -14,7 +14,7 @@ from ..models import ModelLoadError, load_model
 from ..trees import TreeError
 from .data import load_prompts
 from .harness import parse_methods, run_benchmark
-from .report import format_table, summarize
+from .report import format_table, summarize, write_chart, write_csv
 
 DEFAULT_PROMPTS = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "spec_bench" / "question.jsonl"
 
@@ -34,12 +34,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dtype", default=None)
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--json", default=None, help="write the summary here")
+    ap.add_argument("--csv", default=None, help="write one row per method and category here")
+    ap.add_argument("--chart", default=None, help="write a speedup chart here (.html, and .png with kaleido)")
+    ap.add_argument("--no-group", action="store_true", help="keep MT-bench's eight subcategories apart")
     ap.add_argument("--quiet", action="store_true", help="no progress bar")
     args = ap.parse_args(argv)
     if args.max_new_tokens < 1 or args.limit < 1:
         ap.error("--max-new-tokens and --limit must be at least 1")
     try:
-        prompts = load_prompts(args.prompts, args.limit)
+        prompts = load_prompts(args.prompts, args.limit, group=not args.no_group)
         if not prompts:
             ap.error(f"no prompts in {args.prompts}")
         lm = load_model(args.model, args.device, args.dtype)
@@ -62,6 +65,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"WARNING: {name} differs from greedy on {m['mismatches']}", file=sys.stderr)
     if args.json:
         Path(args.json).write_text(json.dumps(summary, indent=2))
+    if args.csv:
+        write_csv(summary, args.csv)
+    if args.chart:
+        print("chart:", ", ".join(write_chart(summary, args.chart)))
     return 0
 
 

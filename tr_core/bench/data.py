@@ -6,6 +6,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 
+# Spec-Bench's MT-bench questions carry their eight subcategories; the paper reports them as one.
+MT_BENCH = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities")
+PAPER_ORDER = ("mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag", "code")
+
+
+def paper_category(category: str) -> str:
+    """The paper's column for a Spec-Bench category (MT-bench's subcategories together)."""
+    return "mt_bench" if category in MT_BENCH else category
+
+
 @dataclass(frozen=True)
 class BenchPrompt:
     question_id: str
@@ -13,8 +23,11 @@ class BenchPrompt:
     text: str
 
 
-def load_prompts(path: str | Path, limit: int | None = None) -> list[BenchPrompt]:
-    """The first turn of each question, at most ``limit`` per category, in file order."""
+def load_prompts(path: str | Path, limit: int | None = None, group: bool = True) -> list[BenchPrompt]:
+    """The first turn of each question, at most ``limit`` per category, in file order.
+
+    ``group``: MT-bench's eight subcategories count as one category, ``mt_bench``, as in the paper.
+    """
     out, per_cat = [], {}
     with open(path, encoding="utf-8") as f:
         for n, line in enumerate(f, 1):
@@ -24,6 +37,7 @@ def load_prompts(path: str | Path, limit: int | None = None) -> list[BenchPrompt
                 row = json.loads(line)
                 text = row["turns"][0]
                 cat = str(row.get("category", "default"))
+                cat = paper_category(cat) if group else cat
             except (json.JSONDecodeError, KeyError, IndexError, TypeError) as err:
                 raise ValueError(f"{path}:{n}: not a Spec-Bench question ({err})") from None
             if limit is not None and per_cat.get(cat, 0) >= limit:

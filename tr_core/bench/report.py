@@ -49,6 +49,54 @@ def summarize(runs, meta: dict | None = None) -> dict:
     return {"meta": meta or {}, "methods": methods}
 
 
+def ordered_categories(summary: dict) -> list[str]:
+    from .data import PAPER_ORDER
+
+    cats = {c for m in summary["methods"].values() for c in m["per_category"]}
+    return [c for c in PAPER_ORDER if c in cats] + sorted(cats - set(PAPER_ORDER))
+
+
+def write_csv(summary: dict, path) -> None:
+    """One row per method and category (``overall`` included)."""
+    import csv
+
+    keys = ["prompts", "new_tokens", "seconds", "steps", "tok_per_s", "mat", "speedup", "identical"]
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["method", "category", *keys])
+        for name, m in summary["methods"].items():
+            w.writerow([name, "overall", *[m[k] for k in keys]])
+            for c in ordered_categories(summary):
+                if c in m["per_category"]:
+                    w.writerow([name, c, *[m["per_category"][c][k] for k in keys]])
+
+
+def write_chart(summary: dict, path) -> list[str]:
+    """Speedup per category per method as a plotly bar chart: HTML, and PNG where kaleido works."""
+    from pathlib import Path
+
+    import plotly.graph_objects as go
+
+    cats = ordered_categories(summary) + ["overall"]
+    fig = go.Figure()
+    for name, m in summary["methods"].items():
+        ys = [m["per_category"].get(c, {}).get("speedup") if c != "overall" else m["speedup"] for c in cats]
+        fig.add_trace(go.Bar(name=name, x=cats, y=ys, text=[f"{y:.2f}" if y else "" for y in ys]))
+    meta = summary.get("meta", {})
+    fig.add_hline(y=1.0, line=dict(dash="dot", color="#888"))
+    fig.update_layout(barmode="group", yaxis_title="speedup over greedy",
+                      title=f"{meta.get('model', '')} · {meta.get('device', '')} · {meta.get('dtype', '')}")
+    path = Path(path)
+    written = [str(path.with_suffix(".html"))]
+    fig.write_html(written[0], include_plotlyjs="cdn")
+    try:
+        fig.write_image(str(path.with_suffix(".png")))
+        written.append(str(path.with_suffix(".png")))
+    except Exception:  # kaleido (and a browser for it) is optional
+        pass
+    return written
+
+
 def format_table(summary: dict) -> str:
     """A plain-text table: one row per method, then speedup per category."""
     methods = summary["methods"]
@@ -58,7 +106,7 @@ def format_table(summary: dict) -> str:
         mat = f"{m['mat']:>7.2f}" if m["mat"] is not None else f"{'-':>7}"
         lines.append(f"{name:<22}{m['new_tokens']:>8}{m['seconds']:>10.2f}{m['tok_per_s']:>9.2f}"
                      f"{mat}{m['speedup']:>8.2f}x{m['identical'] * 100:>10.0f}%")
-    cats = sorted({c for m in methods.values() for c in m["per_category"]})
+    cats = ordered_categories(summary)
     if cats:
         lines += ["", "speedup (MAT) per category", f"{'category':<18}" + "".join(f"{n:>22}" for n in methods)]
         for c in cats:

@@ -1,0 +1,58 @@
+"""The benchmark command end to end on the tiny model saved to a folder."""
+import csv
+import json
+
+from tr_core.bench.__main__ import main
+from tr_core.bench.data import load_prompts
+
+
+def write_prompts(path):
+    rows = [("1", "writing", "w5 w9 w14"), ("2", "roleplay", "w30 w31 w32 w30 w31"), ("3", "qa", "w7 w8"),
+            ("4", "qa", "w60 w2 w60 w2"), ("5", "qa", "w11")]
+    path.write_text("\n".join(json.dumps({"question_id": q, "category": c, "turns": [t]}) for q, c, t in rows))
+
+
+def test_prompts_are_grouped_and_limited(tmp_path):
+    f = tmp_path / "q.jsonl"
+    write_prompts(f)
+    prompts = load_prompts(f, limit=2)
+    assert [(p.question_id, p.category) for p in prompts] == [("1", "mt_bench"), ("2", "mt_bench"),
+                                                              ("3", "qa"), ("4", "qa")]
+    assert {p.category for p in load_prompts(f, group=False)} == {"writing", "roleplay", "qa"}
+
+
+def test_bench_command_writes_json_csv_and_chart(tmp_path, tiny_lm, capsys):
+    folder = tmp_path / "tiny"
+    tiny_lm.model.save_pretrained(folder)
+    tiny_lm.tokenizer.save_pretrained(folder)
+    f = tmp_path / "q.jsonl"
+    write_prompts(f)
+    out = tmp_path / "out.json"
+    rc = main(["--prompts", str(f), "--limit", "2", "--methods", "greedy,tr:tr-16,tr:chain-3+pld4,pld",
+               "--max-new-tokens", "12", "--model", str(folder), "--json", str(out), "--csv", str(tmp_path / "o.csv"),
+               "--chart", str(tmp_path / "chart.html"), "--quiet", "--warmup", "1"])
+    assert rc == 0
+    summary = json.loads(out.read_text())
+    methods = summary["methods"]
+    assert list(methods) == ["greedy", "tr:tr-16", "tr:chain-3+pld4", "pld"]
+    for name, m in methods.items():
+        assert m["identical"] == 1.0, name
+        assert m["prompts"] == 4 and m["new_tokens"] > 0
+        assert set(m["per_category"]) == {"mt_bench", "qa"}
+        assert {"tok_per_s", "mat", "speedup", "identical"} <= set(m)
+    assert methods["greedy"]["speedup"] == 1.0 and methods["greedy"]["mat"] == 1.0
+    assert methods["tr:tr-16"]["mean_forward_tokens"] == 17.0
+    assert summary["meta"]["trees"]["tr:tr-16"] == "tr-16 (16 nodes)"
+    rows = list(csv.DictReader(open(tmp_path / "o.csv")))
+    assert {r["category"] for r in rows} == {"overall", "mt_bench", "qa"} and len(rows) == 4 * 3
+    assert (tmp_path / "chart.html").stat().st_size > 1000
+    printed = capsys.readouterr().out
+    assert "speedup" in printed and "mt_bench" in printed
+
+
+def test_bench_command_reports_bad_input(tmp_path, capsys):
+    assert main(["--prompts", str(tmp_path / "absent.jsonl")]) == 2
+    assert "error" in capsys.readouterr().err
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("{not json\n")
+    assert main(["--prompts", str(bad)]) == 2
