@@ -31,20 +31,23 @@ def main(argv=None) -> None:
     race.start(lm.encode_prompt("Explain how a bicycle works, in a few short paragraphs."))
     panels = {"tree": [], "heatmap": [], "text": [], "counters+charts": [], "phases": [], "to_json": []}
     step_secs = []
+    def timed(name, build):
+        t0 = time.perf_counter()
+        out = build()
+        panels[name].append(time.perf_counter() - t0)
+        return out
+
     for _ in range(args.steps):
         step = race.step()
         step_secs.append(step.seconds)
         steps = race.decoder.steps
-        t = time.perf_counter
-        a = t(); tf = tree_figure(step, lm.token_text, "t"); panels["tree"].append(t() - a)
-        a = t(); hf = heatmap_figure(step, lm.token_text); panels["heatmap"].append(t() - a)
-        a = t(); output_html(steps, lm.token_text); panels["text"].append(t() - a)
-        a = t()
-        counters_html(race.figures())
-        cf = charts_figure([len(s.committed) for s in steps], race.speedups)
-        panels["counters+charts"].append(t() - a)
-        a = t(); phase_html(step, lm.token_text); panels["phases"].append(t() - a)
-        a = t(); tf.to_json(); hf.to_json(); cf.to_json(); panels["to_json"].append(t() - a)
+        tf = timed("tree", lambda: tree_figure(step, lm.token_text, "t"))
+        hf = timed("heatmap", lambda: heatmap_figure(step, lm.token_text))
+        timed("text", lambda: output_html(steps, lm.token_text))
+        cf = timed("counters+charts", lambda: (counters_html(race.figures()),
+                                               charts_figure([len(s.committed) for s in steps], race.speedups))[1])
+        timed("phases", lambda: phase_html(step, lm.token_text))
+        timed("to_json", lambda: [f.to_json() for f in (tf, hf, cf)])
     total = [sum(v[i] for v in panels.values()) for i in range(args.steps)]
     print(f"tree {args.tree}: {race.decoder.steps[-1].tree.size} draft nodes, {args.steps} steps")
     for name, v in panels.items():

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from tr_core import AdjacencyMatrix, GreedyDecoder, MatrixFileError, TokenRecyclingDecoder
@@ -52,7 +52,6 @@ class Session:
     started_with: tuple | None = None
     prompt: str = ""
     message: str = ""
-    steps_shown: list = field(default_factory=list)
 
     # ---- lifecycle -------------------------------------------------------------------------
     def matrix_for(self, lm: LoadedModel, k: int, hot_start: bool) -> AdjacencyMatrix:
@@ -64,9 +63,9 @@ class Session:
         self.matrix = m
         return m
 
-    def planner_for(self, lm: LoadedModel, hot_start: bool) -> TreePlanner:
-        if self.planner is None or self.planner.cost is not lm.cost_curve:
-            self.planner = TreePlanner(lm)
+    def planner_for(self, lm: LoadedModel, k: int, hot_start: bool) -> TreePlanner:
+        if self.planner is None or self.planner.cost is not lm.cost_curve or self.planner.k != k:
+            self.planner = TreePlanner(lm, k=k)
         elif not hot_start:
             self.planner.reset()
         return self.planner
@@ -84,7 +83,7 @@ class Session:
             raise UserError(str(err)) from None
         matrix = self.matrix_for(lm, int(s.k), s.hot_start)
         try:
-            planner = self.planner_for(lm, s.hot_start) if s.tree == "auto" else None
+            planner = self.planner_for(lm, int(s.k), s.hot_start) if s.tree == "auto" else None
             tr = TokenRecyclingDecoder(lm, tree=s.tree, k=int(s.k), matrix=matrix, planner=planner,
                                        max_new_tokens=int(s.max_new_tokens), lookup=int(s.lookup))
             race = Race(tr, GreedyDecoder(lm, int(s.max_new_tokens)))

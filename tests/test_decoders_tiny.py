@@ -2,7 +2,6 @@
 import dataclasses
 
 import pytest
-import torch
 
 from tr_core import AdjacencyMatrix, DecodeError, GreedyDecoder, TokenRecyclingDecoder, load_tree
 from tr_core.trees import TreeShape
@@ -187,3 +186,10 @@ def test_prompt_lookup_decoder_equals_generate_and_drafts(tiny_lm):
             assert s.tree.sources[0] == "root" and set(s.tree.sources[1:]) <= {"lookup"}
             assert s.tree.depths == list(range(len(s.tree.tokens)))  # one chain
     assert drafted > 0
+
+
+def test_auto_tree_respects_small_k_and_long_prompts_prefill_in_chunks(tiny_lm):
+    dec = TokenRecyclingDecoder(tiny_lm, tree="auto", k=3, max_new_tokens=12, lookup=0)
+    assert max(max(p) for p in dec.planner.universe.paths) < 3
+    ids = [2 + (i * 7) % 90 for i in range(300)]  # longer than one prefill chunk
+    assert dec.generate(ids) == reference_greedy(tiny_lm, ids, 12)

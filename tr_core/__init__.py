@@ -9,5 +9,5 @@ from .trace import DraftTree, RowUpdate, Step
 from .trees import TreeError, TreeShape, list_presets, load_tree
 
 __all__ = ["AdjacencyMatrix", "DECODERS", "Decoder", "DecodeError", "DraftTree", "GreedyDecoder",
-           "LoadedModel", "MatrixFileError", "ModelLoadError", "PromptLookupDecoder", "RowUpdate", "Step", "TokenRecyclingDecoder",
-           "TreeError", "TreeShape", "list_presets", "load_model", "load_tree", "wrap_model"]
+           "LoadedModel", "MatrixFileError", "ModelLoadError", "PromptLookupDecoder", "RowUpdate", "Step",
+           "TokenRecyclingDecoder", "TreeError", "TreeShape", "list_presets", "load_model", "load_tree", "wrap_model"]

@@ -61,7 +61,8 @@ class CostCurve:
 
         gen = torch.Generator().manual_seed(0)
         dev = lm.device
-        ids = torch.randint(min(100, lm.vocab_size - 1), lm.vocab_size, (1, prefix + max(lengths)), generator=gen).to(dev)
+        low = min(100, lm.vocab_size - 1)  # skip the special tokens at the start of most vocabularies
+        ids = torch.randint(low, lm.vocab_size, (1, prefix + max(lengths)), generator=gen).to(dev)
         sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
         cache = DynamicCache(config=lm.model.config)
         lm.model(input_ids=ids[:, :prefix], use_cache=True, logits_to_keep=1, **{lm.cache_arg: cache})
@@ -146,11 +147,13 @@ def plan_tree(universe: TreeShape, estimate, cost: CostCurve, extra: int = 0) ->
 class TreePlanner:
     """Re-plans the tree every ``every`` steps from the acceptance seen so far."""
 
-    def __init__(self, lm, universe: str = "paper-80", every: int = 8):
+    def __init__(self, lm, universe: str = "paper-80", every: int = 8, k: int = 8):
+        """Plans sub-trees of ``universe`` that use only ranks below ``k``."""
         self.universe_name = universe
-        self.universe = load_tree(universe)
+        full = load_tree(universe)
+        self.universe = full.subtree([p for p in full.paths if max(p) < k], name=universe)
         self.cost = cost_curve_for(lm)
-        self.every = every
+        self.every, self.k = every, k
         self.reset()
 
     def reset(self) -> None:

@@ -24,7 +24,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prompts", default=str(DEFAULT_PROMPTS), help="Spec-Bench-format JSONL (first turn used)")
     ap.add_argument("--limit", type=int, default=2, help="at most N prompts per category")
     ap.add_argument("--max-new-tokens", type=int, default=64)
-    ap.add_argument("--methods", default="greedy,tr", help="comma list: greedy, tr (device default), tr:TREE (the paper's method on TREE), tr:TREE+pldN")
+    ap.add_argument("--methods", default="greedy,tr",
+                    help="comma list: greedy, tr (device default), tr:TREE (the paper's method on TREE), "
+                         "tr:TREE+pldN, pld, hf-pld")
     ap.add_argument("--tree", default=None, help="tree for plain 'tr' (preset, chain-N or JSON file)")
     ap.add_argument("--lookup", type=int, default=None,
                     help="prompt-lookup tokens merged into plain 'tr' trees (0 = off; default: CPU 10, GPU 0)")

@@ -46,7 +46,7 @@ class TokenRecyclingDecoder(TreeDecoder):
         self.lookup = default_lookup(lm.device) if lookup is None else int(lookup)
         if tree is None or tree == "default":
             tree = default_tree_name(lm.device)
-        self.planner = (planner or TreePlanner(lm)) if tree == "auto" else None
+        self.planner = (planner or TreePlanner(lm, k=k)) if tree == "auto" else None
         if self.planner is not None:
             tree = self.planner.tree
         if matrix is None:
@@ -69,10 +69,12 @@ class TokenRecyclingDecoder(TreeDecoder):
         deepest = self.planner.universe.depth if self.planner is not None else shape.depth
         self.lookahead = max(deepest, self.lookup) + 1
 
-    def prefill(self, prefix: torch.Tensor) -> None:
-        """Run the prompt and seed ``M`` from its logits (``prefix [L]``)."""
-        logits = self.forward(prefix[None])  # [L, vocab]
-        self.matrix.seed_from_prompt(prefix, logits)
+    def prefill(self, prefix: torch.Tensor, chunk: int = 256) -> None:
+        """Run the prompt and seed ``M`` from its logits (``prefix [L]``), in chunks so that the
+        logits of a long prompt (``[chunk, vocab]`` at a time) never fill memory."""
+        for s in range(0, prefix.shape[0], chunk):
+            part = prefix[s:s + chunk]
+            self.matrix.seed_from_prompt(part, self.forward(part[None]))
 
     @torch.inference_mode()
     def step(self) -> Step:
