@@ -122,8 +122,9 @@ def build_app(hub: ModelHub, cap: int = 256, default_tokens: int = 96) -> gr.Blo
         def do_tick(prompt_, *args):
             out = do_step(prompt_, *args)
             sess = out[0]
-            playing = sess.race is not None and not sess.race.done and not out[-1].startswith("⚠️")
-            return (*out, gr.Timer(active=playing), gr.Button(value="⏸ Pause" if playing else "▶ Play"))
+            if sess.race is not None and not sess.race.done and not out[-1].startswith("⚠️"):
+                return (*out, gr.skip(), gr.skip())  # keep playing, unless Pause was pressed meanwhile
+            return (*out, gr.Timer(active=False), gr.Button(value="▶ Play"))
 
         def toggle_play(label, steps_per_s):
             start = label.startswith("▶")

@@ -50,6 +50,23 @@ def test_browser_steps_draw_tree_heatmap_and_counters(launched, tmp_path):  # no
             assert page.locator("#tree-plot .js-plotly-plot .point").count() == int(title.group(2)) + 2
             assert page.locator("#matrix-heatmap .js-plotly-plot").inner_text().strip()
             assert page.locator("#output-text .tok").count() >= 4, page.locator("#output-text").inner_html()[:3000]
+            # Play steps on Gradio's timer until paused
+            def forward_passes() -> int:
+                text = page.locator("#counters").inner_text()
+                found = re.search(r"forward passes\s+(\d+)", text)
+                return int(found.group(1)) if found else -1
+
+            assert forward_passes() == 4
+            page.locator("#play").click()
+            expect(page.locator("#play")).to_have_text("⏸ Pause", timeout=10_000)
+            for _ in range(120):  # two more steps on the timer, within a minute
+                if forward_passes() >= 6:
+                    break
+                page.wait_for_timeout(500)
+            assert forward_passes() >= 6
+            page.locator("#play").click()
+            expect(page.locator("#play")).to_have_text("▶ Play", timeout=10_000)
+            expect(idle).to_have_count(0, timeout=60_000)
             target = SCREENSHOT if os.environ.get("UPDATE_SCREENSHOT") else tmp_path / "app.png"
             page.wait_for_timeout(500)
             page.screenshot(path=str(target), full_page=True)

@@ -101,9 +101,12 @@ class AcceptanceStats:
     trials: dict[tuple[int, ...], float] = field(default_factory=dict)
     hits: dict[tuple[int, ...], float] = field(default_factory=dict)
 
-    def record(self, used: TreeShape, accepted: list[tuple[int, ...]]) -> None:
-        for p in used.paths:
-            self.trials[p] = self.trials.get(p, 0.0) + 1.0
+    def record(self, used: TreeShape, accepted: list[tuple[int, ...]], known: list[bool] | None = None) -> None:
+        """One step: every node of ``used`` was a trial (only those drafted from a row the matrix
+        had already learnt, when ``known`` says which: a cold row says nothing of the shape)."""
+        for i, p in enumerate(used.paths):
+            if known is None or known[i]:
+                self.trials[p] = self.trials.get(p, 0.0) + 1.0
         for p in accepted:
             self.hits[p] = self.hits.get(p, 0.0) + 1.0
 
@@ -169,10 +172,10 @@ class TreePlanner:
         self.lookup_gain[ngram] += rate * (accepted - self.lookup_gain[ngram])
 
     def record(self, used: TreeShape, accepted: list[tuple[int, ...]], forward_tokens: int = 0,
-               forward_seconds: float = 0.0) -> TreeShape | None:
+               forward_seconds: float = 0.0, known: list[bool] | None = None) -> TreeShape | None:
         """Count one step (and its forward's time); returns a new tree when it is time to re-plan
         and the plan changed."""
-        self.stats.record(used, accepted)
+        self.stats.record(used, accepted, known)
         if forward_tokens:
             self.cost.observe(forward_tokens, forward_seconds)
         self.steps += 1
