@@ -39,14 +39,22 @@ def test_children_only_after_their_parent():
 
 
 def test_statistics_shrink_towards_the_prior_and_move_with_evidence():
-    stats = AcceptanceStats(UNIVERSE, {(0,): 0.5}, weight=10)
+    stats = AcceptanceStats(UNIVERSE, {(0,): 0.5}, weight=10, decay=1.0)
     assert stats.estimate((0,)) == 0.5 and stats.estimate((1,)) == 0.0
     for _ in range(30):
         stats.record(UNIVERSE, [(1,)])
     assert stats.estimate((1,)) == pytest.approx(30 / 40)
     assert stats.estimate((0,)) == pytest.approx(5 / 40)
-    stats.forget(keep=set(), factor=0.5)
-    assert stats.estimate((1,)) == pytest.approx(15 / 25)
+
+
+def test_old_evidence_fades_back_to_the_prior():
+    stats = AcceptanceStats(UNIVERSE, {(0,): 0.5}, weight=10, decay=0.9)
+    for _ in range(30):
+        stats.record(UNIVERSE, [])
+    assert stats.estimate((0,)) < 0.3  # about 5 / (10 + 9.6)
+    for _ in range(200):
+        stats.record(TreeShape.empty(), [])  # the node is not drafted any more
+    assert stats.estimate((0,)) == pytest.approx(0.5, abs=1e-4)
 
 
 def test_paper_tree_carries_a_prior_for_every_node():

@@ -98,24 +98,21 @@ class AcceptanceStats:
     universe: TreeShape
     prior: dict[tuple[int, ...], float]
     weight: float = 16.0  # the prior counts as this many trials
+    decay: float = 0.97  # per step: recent steps weigh most, so the plan follows the current text
     trials: dict[tuple[int, ...], float] = field(default_factory=dict)
     hits: dict[tuple[int, ...], float] = field(default_factory=dict)
 
-    def record(self, used: TreeShape, accepted: list[tuple[int, ...]], known: list[bool] | None = None) -> None:
-        """One step: every node of ``used`` was a trial (only those drafted from a row the matrix
-        had already learnt, when ``known`` says which: a cold row says nothing of the shape)."""
-        for i, p in enumerate(used.paths):
-            if known is None or known[i]:
-                self.trials[p] = self.trials.get(p, 0.0) + 1.0
+    def record(self, used: TreeShape, accepted: list[tuple[int, ...]]) -> None:
+        """One step: every node of ``used`` was a trial.  Older counts fade by ``decay``, so the
+        estimates follow the text at hand and drift back to the prior for nodes no longer drafted
+        (which are then tried again: a cold start cannot shut the tree for good)."""
+        for p in self.trials:
+            self.trials[p] *= self.decay
+            self.hits[p] = self.hits.get(p, 0.0) * self.decay
+        for p in used.paths:
+            self.trials[p] = self.trials.get(p, 0.0) + 1.0
         for p in accepted:
             self.hits[p] = self.hits.get(p, 0.0) + 1.0
-
-    def forget(self, keep: set, factor: float = 0.8) -> None:
-        """Nodes outside the tree drift back to the prior, so they are tried again later."""
-        for p in list(self.trials):
-            if p not in keep:
-                self.trials[p] *= factor
-                self.hits[p] = self.hits.get(p, 0.0) * factor
 
     def estimate(self, p: tuple[int, ...]) -> float:
         prior = self.prior.get(p, 0.0)
@@ -148,9 +145,9 @@ def plan_tree(universe: TreeShape, estimate, cost: CostCurve, extra: int = 0) ->
 
 
 class TreePlanner:
-    """Re-plans the tree every ``every`` steps from the acceptance seen so far."""
+    """Re-plans the tree every ``every`` steps from the acceptance seen lately."""
 
-    def __init__(self, lm, universe: str = "paper-80", every: int = 8, k: int = 8):
+    def __init__(self, lm, universe: str = "paper-80", every: int = 4, k: int = 8):
         """Plans sub-trees of ``universe`` that use only ranks below ``k``."""
         self.universe_name = universe
         full = load_tree(universe)
@@ -172,16 +169,15 @@ class TreePlanner:
         self.lookup_gain[ngram] += rate * (accepted - self.lookup_gain[ngram])
 
     def record(self, used: TreeShape, accepted: list[tuple[int, ...]], forward_tokens: int = 0,
-               forward_seconds: float = 0.0, known: list[bool] | None = None) -> TreeShape | None:
+               forward_seconds: float = 0.0) -> TreeShape | None:
         """Count one step (and its forward's time); returns a new tree when it is time to re-plan
         and the plan changed."""
-        self.stats.record(used, accepted, known)
+        self.stats.record(used, accepted)
         if forward_tokens:
             self.cost.observe(forward_tokens, forward_seconds)
         self.steps += 1
         if self.steps % self.every:
             return None
-        self.stats.forget(set(used.paths))
         tree, self.expected = plan_tree(self.universe, self.stats.estimate, self.cost)
         if tree.paths == self.tree.paths:
             return None

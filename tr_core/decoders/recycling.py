@@ -82,8 +82,6 @@ class TokenRecyclingDecoder(TreeDecoder):
         tree, clock = self.tree_t, PhaseClock(self.lm.device)
         with clock.phase("retrieve"):
             tokens = self.matrix.retrieve_draft_tree(self.last, tree)  # [q]
-            if self.planner is not None:  # was each node drafted from a row the matrix had learnt?
-                known = self.matrix.table[tokens].any(-1)[tree.parents[1:]]  # [n]
         shape, ngram, grafted = self.tree, 0, 0
         sources = ["root"] + ["matrix"] * self.tree.size
         if self.lookup:
@@ -94,8 +92,7 @@ class TokenRecyclingDecoder(TreeDecoder):
         with clock.phase("update"):
             rows = self.matrix.recycle(tokens, logits, keep_old=self.trace_rows)
         if self.planner is not None:
-            self.plan_next(shape, path, ngram, grafted, tokens.shape[0], clock.seconds["forward"],
-                           known.tolist())
+            self.plan_next(shape, path, ngram, grafted, tokens.shape[0], clock.seconds["forward"])
         return self.finish_tree_step(tokens, tree, sources, verdict, path, clock,
                                      _row_updates(rows) if self.trace_rows else None)
 
@@ -116,12 +113,12 @@ class TokenRecyclingDecoder(TreeDecoder):
         return torch.cat([tokens, grafted]), tree.graft_chain(attach, len(rest)), len(rest), ngram
 
     def plan_next(self, shape: TreeShape, path: list[int], ngram: int, grafted: int, q: int,
-                  forward_seconds: float, known: list[bool]) -> None:
+                  forward_seconds: float) -> None:
         """Feed this step's acceptance and forward time to the planner; switch trees when it re-plans."""
         accepted = [shape.paths[i - 1] for i in path[1:] if i <= shape.size]
         if grafted:
             self.planner.record_lookup(ngram, sum(1 for i in path[1:] if i > shape.size))
-        new = self.planner.record(shape, accepted, q, forward_seconds, known)
+        new = self.planner.record(shape, accepted, q, forward_seconds)
         if new is not None:
             self.set_tree(new)
 
