@@ -111,8 +111,7 @@ def build_app(hub: ModelHub, cap: int = 256, default_tokens: int = 96) -> gr.Blo
                 sess.step(hub, prompt_, settings(*rest), cap)
                 yield render(sess)
                 while not sess.race.done:
-                    sess.race.step()
-                    sess.message = "Done: end of text or token budget reached." if sess.race.done else ""
+                    sess.advance()
                     yield render(sess)
             except Exception as err:
                 if not isinstance(err, UserError):

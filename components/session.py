@@ -96,8 +96,13 @@ class Session:
         return self.race is None or self.race.done or self.started_with != (prompt, s)
 
     def step(self, hub: ModelHub, prompt: str, s: Settings, cap: int) -> None:
+        """One step of the race on ``prompt`` (a new race when the prompt or settings changed)."""
         if self.needs_new_race(prompt, s):
             self.begin(hub, prompt, s, cap)
+        self.advance()
+
+    def advance(self) -> None:
+        """One step of the current race."""
         self.race.step()
         self.message = "Done: end of text or token budget reached." if self.race.done else ""
 

@@ -132,3 +132,12 @@ def test_launched_app_through_gradio_client(launched):
     assert "identical to greedy" in counters_2
     bad = client.predict("", *args[1:], api_name="/do_step")
     assert "empty" in bad[-1]
+
+
+def test_run_to_end_through_gradio_client(launched):
+    from gradio_client import Client
+
+    client = Client(launched[1], verbose=False)
+    final = client.predict("Name a fruit.", EMBEDDED_LABEL, "auto", 8, 10, True, True, api_name="/do_run")
+    assert "Done" in final[-1]
+    assert "identical to greedy" in final[3] and ">10<" in final[3]  # ten tokens on both sides

@@ -78,14 +78,13 @@ class AdjacencyMatrix:
 
         When a token occurs several times, its last occurrence wins (the paper's rule).
         """
-        m = tokens.shape[0]
         later_twin = (tokens[:, None] == tokens[None, :]).triu(1).any(1)  # [m]
         keep = (~later_twin).nonzero().squeeze(1)
         rows = tokens[keep]
         new = logits[keep].topk(self.k, dim=-1).indices.to(torch.int32)
         old = self.table[rows].clone() if keep_old else new[:0]
         self.table[rows] = new
-        self.writes += int(rows.shape[0]) if m else 0
+        self.writes += int(rows.shape[0])
         return RowsWritten(tokens=rows, old=old, new=new)
 
     def seed_from_prompt(self, tokens: torch.Tensor, logits: torch.Tensor, chunk: int = 256) -> None:
