@@ -41,7 +41,7 @@ def tree_figure(step: Step | None, token_text, title: str = "") -> go.Figure:
     gap = (ys[-1] - ys[-2]) if len(ys) > 1 else 1.0
     accepted = set(step.accepted_path)
     last = step.accepted_path[-1]
-    bonus_pos = (pos[last][0] + 0.04, pos[last][1] - gap * 0.5)  # between rows, beside its parent
+    bonus_pos = (pos[last][0] + 0.1, pos[last][1] - gap * 0.45)  # between rows, clear of its parent's label
 
     def edge_trace(edges, color, width, dash=None):
         xs, ys_ = [], []

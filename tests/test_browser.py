@@ -8,7 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from .test_app import PROMPT, hub, launched  # noqa: F401  (fixtures)
+from .test_app import hub, launched  # noqa: F401  (fixtures)
+
+PROMPT = "List the days of the week, one per line, then list them again in reverse order."
 
 SCREENSHOT = Path(__file__).resolve().parents[1] / "assets" / "screenshot.png"
 
