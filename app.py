@@ -93,16 +93,20 @@ def build_app(hub: ModelHub, cap: int = 256, default_tokens: int = 96) -> gr.Blo
         def render(sess: Session, message: str = ""):
             return (sess, *sess.views(), message or sess.message)
 
+        def failed(sess: Session, err: Exception):
+            """Every failure becomes words in the page; an unexpected one also resets the session."""
+            if not isinstance(err, UserError):
+                sess.reset()
+            return render(sess, _error_text(err))
+
         def do_step(prompt_, *args):
             *rest, sess = args
             sess = sess or Session()
             try:
                 sess.step(hub, prompt_, settings(*rest), cap)
                 return render(sess)
-            except Exception as err:  # every failure becomes words in the page
-                if not isinstance(err, UserError):
-                    sess.reset()
-                return render(sess, _error_text(err))
+            except Exception as err:
+                return failed(sess, err)
 
         def do_run(prompt_, *args):
             *rest, sess = args
@@ -114,9 +118,7 @@ def build_app(hub: ModelHub, cap: int = 256, default_tokens: int = 96) -> gr.Blo
                     sess.advance()
                     yield render(sess)
             except Exception as err:
-                if not isinstance(err, UserError):
-                    sess.reset()
-                yield render(sess, _error_text(err))
+                yield failed(sess, err)
 
         def do_tick(prompt_, *args):
             out = do_step(prompt_, *args)

@@ -99,6 +99,10 @@ class Decoder(ABC):
     def cache_length(self) -> int:
         return self.cache.get_seq_length() if self.cache is not None else 0
 
+    def context_ids(self) -> torch.Tensor:
+        """``[L]`` CPU long: the prompt and everything committed so far (what prompt lookup searches)."""
+        return torch.tensor(self.prompt + self.output)
+
     def prefill(self, prefix: torch.Tensor) -> None:
         """Run ``prefix [L]`` into the cache; subclasses may use the logits."""
         self.forward(prefix[None], logits_to_keep=1)

@@ -27,7 +27,7 @@ class PromptLookupDecoder(TreeDecoder):
         self._check_running()
         clock = PhaseClock(self.lm.device)
         with clock.phase("lookup"):
-            chain = lookup_continuation(torch.tensor(self.prompt + self.output), self.max_draft,
+            chain = lookup_continuation(self.context_ids(), self.max_draft,
                                         self.max_ngram, self.min_ngram)
             tree = self.root_only.graft_chain(0, len(chain)) if chain else self.root_only
             tokens = torch.cat([self.last.view(1), torch.tensor(chain, dtype=torch.long, device=self.lm.device)])

@@ -101,8 +101,7 @@ class TokenRecyclingDecoder(TreeDecoder):
         the matrix already drafted (with a planner: only when it is expected to pay).
 
         Returns (tokens [q'], tree tensors, grafted node count, matched n-gram size)."""
-        context = torch.tensor(self.prompt + self.output)
-        chain, ngram = lookup_with_ngram(context, self.lookup)
+        chain, ngram = lookup_with_ngram(self.context_ids(), self.lookup)
         if not chain:
             return tokens, tree, 0, 0
         attach, rest = graft_point(tokens.tolist(), self.tree.children, chain)
