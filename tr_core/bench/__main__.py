@@ -39,6 +39,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--csv", default=None, help="write one row per method and category here")
     ap.add_argument("--chart", default=None, help="write a speedup chart here (.html, and .png with kaleido)")
     ap.add_argument("--no-group", action="store_true", help="keep MT-bench's eight subcategories apart")
+    ap.add_argument("--turns", type=int, choices=(1, 2), default=1,
+                    help="2: also run second turns (MT-bench), after greedy's first answer")
+    ap.add_argument("--no-prepack", action="store_true",
+                    help="keep PyTorch's default CPU linear kernels (see tr_core.prepack)")
     ap.add_argument("--quiet", action="store_true", help="no progress bar")
     args = ap.parse_args(argv)
     if args.max_new_tokens < 1 or args.limit < 1:
@@ -47,18 +51,22 @@ def main(argv: list[str] | None = None) -> int:
         prompts = load_prompts(args.prompts, args.limit, group=not args.no_group)
         if not prompts:
             ap.error(f"no prompts in {args.prompts}")
-        lm = load_model(args.model, args.device, args.dtype)
+        lm = load_model(args.model, args.device, args.dtype, prepack=not args.no_prepack)
         specs = parse_methods(args.methods, lm, args.tree, args.k, args.lookup)
     except (OSError, ValueError, ModelLoadError, TreeError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    runs = run_benchmark(lm, prompts, specs, args.max_new_tokens, args.warmup, progress=not args.quiet)
+    runs = run_benchmark(lm, prompts, specs, args.max_new_tokens, args.warmup, progress=not args.quiet,
+                         turns=args.turns)
     import transformers
 
     meta = {"model": lm.name, "device": str(lm.device), "dtype": str(lm.dtype).replace("torch.", ""),
+            "prepacked_linears": lm.prepacked,
             "torch": torch.__version__, "transformers": transformers.__version__,
             "machine": f"{platform.machine()} {platform.processor() or ''} threads={torch.get_num_threads()}".strip(),
             "prompts_file": str(args.prompts), "limit": args.limit, "max_new_tokens": args.max_new_tokens,
+            "turns": args.turns, "matrix_shape": [lm.vocab_size, args.k],
+            "matrix_bytes": lm.vocab_size * args.k * 4,
             "trees": {s.name: s.tree for s in specs if s.tree}, "default_tree": default_tree_name(lm.device)}
     summary = summarize(runs, meta)
     print(format_table(summary))

@@ -20,11 +20,12 @@ def paper_category(category: str) -> str:
 class BenchPrompt:
     question_id: str
     category: str
-    text: str
+    text: str  # the first turn
+    turns: tuple[str, ...] = ()  # all user turns (MT-bench has two)
 
 
 def load_prompts(path: str | Path, limit: int | None = None, group: bool = True) -> list[BenchPrompt]:
-    """The first turn of each question, at most ``limit`` per category, in file order.
+    """Questions with all their turns, at most ``limit`` per category, in file order.
 
     ``group``: MT-bench's eight subcategories count as one category, ``mt_bench``, as in the paper.
     """
@@ -35,7 +36,8 @@ def load_prompts(path: str | Path, limit: int | None = None, group: bool = True)
                 continue
             try:
                 row = json.loads(line)
-                text = row["turns"][0]
+                turns = tuple(str(t) for t in row["turns"])
+                text = turns[0]
                 cat = str(row.get("category", "default"))
                 cat = paper_category(cat) if group else cat
             except (json.JSONDecodeError, KeyError, IndexError, TypeError) as err:
@@ -43,5 +45,5 @@ def load_prompts(path: str | Path, limit: int | None = None, group: bool = True)
             if limit is not None and per_cat.get(cat, 0) >= limit:
                 continue
             per_cat[cat] = per_cat.get(cat, 0) + 1
-            out.append(BenchPrompt(str(row.get("question_id", n)), cat, text))
+            out.append(BenchPrompt(str(row.get("question_id", n)), cat, text, turns))
     return out

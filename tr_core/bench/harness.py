@@ -38,6 +38,7 @@ class Run:
     first_mismatch: int | None = None
     forward_tokens: int = 0
     phases: dict[str, float] = field(default_factory=dict)
+    turn: int = 1
 
 
 def _tr_spec(name: str, lm: LoadedModel, tree: str | None, k: int, lookup: int | None) -> MethodSpec:
@@ -105,33 +106,43 @@ def _timed_generate(dec, ids: list[int]) -> tuple[list[int], float]:
 
 
 def run_benchmark(lm: LoadedModel, prompts: list[BenchPrompt], specs: list[MethodSpec], max_new_tokens: int,
-                  warmup: int = 1, progress: bool = True) -> list[Run]:
-    """Each prompt is encoded once; methods run one after another on it (greedy first)."""
-    encoded = [lm.encode_prompt(p.text) for p in prompts]
-    for ids in encoded[:warmup]:  # warm-up: kernels, allocator, caches; not timed, matrices reset after
+                  warmup: int = 1, progress: bool = True, turns: int = 1) -> list[Run]:
+    """Methods run one after another on each prompt (greedy first), prompt by prompt.
+
+    ``turns`` = 2 also runs a question's second turn (MT-bench), after its first turn and greedy's
+    answer to it, so every method sees the same conversation.
+    """
+    for p in prompts[:warmup]:  # warm-up: kernels, allocator, caches; not timed, matrices reset after
+        ids = lm.encode_prompt(p.text)
         for spec in specs:
             spec.make(lm, min(16, max_new_tokens)).generate(ids)
     for spec in specs:
         spec.reset()
     runs: list[Run] = []
-    iterator = zip(prompts, encoded)
+    iterator = prompts
     try:
         from tqdm import tqdm
-        iterator = tqdm(list(iterator), desc="prompts", disable=not progress, file=sys.stderr)
+        iterator = tqdm(prompts, desc="prompts", disable=not progress, file=sys.stderr)
     except ImportError:
         pass
-    for prompt, ids in iterator:
-        reference = None
-        for spec in specs:
-            dec = spec.make(lm, max_new_tokens)
-            out, secs = _timed_generate(dec, ids)
-            if reference is None:
-                reference = out
-            mismatch = _first_mismatch(out, reference)
-            phases: dict[str, float] = {}
-            for s in dec.steps:
-                for k, v in s.timings.items():
-                    phases[k] = phases.get(k, 0.0) + v
-            runs.append(Run(spec.name, prompt.question_id, prompt.category, len(out), secs, len(dec.steps),
-                            mismatch is None, mismatch, sum(s.forward_tokens for s in dec.steps), phases))
+    for prompt in iterator:
+        questions = list(prompt.turns or (prompt.text,))[:max(1, turns)]
+        answers: list[str] = []
+        for turn in range(len(questions)):
+            ids = lm.encode_conversation(questions[:turn + 1], answers)
+            reference = None
+            for spec in specs:
+                dec = spec.make(lm, max_new_tokens)
+                out, secs = _timed_generate(dec, ids)
+                if reference is None:
+                    reference = out
+                mismatch = _first_mismatch(out, reference)
+                phases: dict[str, float] = {}
+                for s in dec.steps:
+                    for k, v in s.timings.items():
+                        phases[k] = phases.get(k, 0.0) + v
+                runs.append(Run(spec.name, prompt.question_id, prompt.category, len(out), secs, len(dec.steps),
+                                mismatch is None, mismatch, sum(s.forward_tokens for s in dec.steps), phases,
+                                turn + 1))
+            answers.append(lm.tokenizer.decode(reference, skip_special_tokens=True))
     return runs

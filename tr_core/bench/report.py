@@ -116,4 +116,9 @@ def format_table(summary: dict) -> str:
                 mat = f" ({pc['mat']:.2f})" if pc and pc["mat"] is not None else ""
                 cells.append(f"{pc['speedup']:.2f}x{mat}" if pc else "-")
             lines.append(f"{c:<18}" + "".join(f"{x:>22}" for x in cells))
+    meta = summary.get("meta", {})
+    if "matrix_bytes" in meta:
+        vocab, k = meta["matrix_shape"]
+        mib = meta["matrix_bytes"] / 2**20
+        lines += ["", f"matrix M: {vocab} x {k} int32 = {mib:.2f} MiB ({mib * 32000 / vocab:.2f} MiB for a 32k vocabulary)"]
     return "\n".join(lines)
