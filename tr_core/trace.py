@@ -44,6 +44,9 @@ class Step:
     cache_length: int  # KV entries before this step's forward
     timings: dict[str, float]  # phase -> seconds, device synchronised
     done: bool = False
+    # PTD: the evolving draft tree after this step's expansion; ``sources`` holds each node's
+    # fate ("kept", "new", "pruned").  Its nodes ride along in the forward but are never verified.
+    draft_tree: DraftTree | None = None
 
     @property
     def accepted_drafts(self) -> int:

@@ -120,7 +120,7 @@ class TreeTensors:
     ``n`` = draft nodes, ``q = n + 1`` = query tokens of a step (root first).
     """
 
-    shape: TreeShape
+    shape: TreeShape | None  # None for trees built at run time (PTD's tries)
     parents: torch.Tensor  # [q] long, parents[0] = 0 (root is its own parent, never used)
     depths: torch.Tensor  # [q] long
     ranks: torch.Tensor  # [q] long
@@ -129,27 +129,42 @@ class TreeTensors:
     levels: tuple[tuple[int, int], ...]  # (start, end) node slice of each depth 1..D
 
     @classmethod
-    def build(cls, shape: TreeShape, device: torch.device, dtype: torch.dtype) -> "TreeTensors":
-        q = shape.size + 1
-        parents = list(shape.parents)
-        parents[0] = 0
+    def build(cls, shape: TreeShape, device: torch.device, dtype: torch.dtype) -> TreeTensors:
+        levels, start = [], 1
+        for count in shape.nodes_per_depth():
+            levels.append((start, start + count))
+            start += count
+        return cls.from_parents(list(shape.parents), list(shape.depths), device, dtype,
+                                ranks=list(shape.ranks), shape=shape, levels=tuple(levels))
+
+    @classmethod
+    def from_parents(cls, parents: list[int], depths: list[int], device: torch.device, dtype: torch.dtype,
+                     ranks: list[int] | None = None, shape: TreeShape | None = None,
+                     levels: tuple = ()) -> TreeTensors:
+        """Tensors of any forest given as ``parents [q]`` (parents before children; node 0 is the
+        root).  A node with parent -1 (besides the root) starts a tree of its own that sees only
+        the cache: PTD's draft branches ride along in the same forward that way.  ``depths`` give
+        the positions (prefix length + depth)."""
+        q = len(parents)
         anc = torch.zeros(q, q, dtype=torch.bool)
-        anc[0, 0] = True
-        for i in range(1, q):  # one-off precomputation, parents precede children
-            anc[i] = anc[parents[i]]
+        for i in range(q):  # small (q <= a few hundred) and once per tree; parents precede children
+            if i and parents[i] >= 0:
+                anc[i] = anc[parents[i]]
             anc[i, i] = True
         bias = torch.zeros(q, q, dtype=dtype)
         bias.masked_fill_(~anc, torch.finfo(dtype).min)
-        depths = shape.depths
-        levels, start = [], 1
-        for d, count in enumerate(shape.nodes_per_depth(), start=1):
-            levels.append((start, start + count))
-            start += count
+        own = [p if p >= 0 else i for i, p in enumerate(parents)]  # a tree's top is its own parent
+        own[0] = 0
         as_long = lambda xs: torch.tensor(xs, dtype=torch.long, device=device)  # noqa: E731
-        return cls(shape=shape, parents=as_long(parents), depths=as_long(depths),
-                   ranks=as_long(shape.ranks), ancestors=anc.to(device), attn_bias=bias.to(device),
-                   levels=tuple(levels))
+        return cls(shape=shape, parents=as_long(own), depths=as_long(depths),
+                   ranks=as_long(ranks if ranks is not None else [0] * q), ancestors=anc.to(device),
+                   attn_bias=bias.to(device), levels=levels)
 
+    def head(self, m: int) -> TreeTensors:
+        """The first ``m`` nodes, when they form a tree of their own (the verified part of a step)."""
+        return TreeTensors(shape=self.shape, parents=self.parents[:m], depths=self.depths[:m],
+                           ranks=self.ranks[:m], ancestors=self.ancestors[:m, :m],
+                           attn_bias=self.attn_bias[:m, :m], levels=())
 
     def graft_chain(self, attach: int, length: int) -> "TreeTensors":
         """This tree plus a chain of ``length`` nodes under node ``attach`` (appended at the end).

@@ -8,10 +8,11 @@ from typing import Callable
 
 import torch
 
-from ..decoders import GreedyDecoder, PromptLookupDecoder, TokenRecyclingDecoder
+from ..decoders import GreedyDecoder, ProgressiveTreeDecoder, PromptLookupDecoder, TokenRecyclingDecoder
 from ..decoders.base import Decoder
 from ..matrix import AdjacencyMatrix
 from ..models import LoadedModel
+from ..ptd import PTDConfig
 from .data import BenchPrompt
 from .peers import HFPromptLookup
 
@@ -60,6 +61,18 @@ def _tr_spec(name: str, lm: LoadedModel, tree: str | None, k: int, lookup: int |
                             f"{probe.tree.name} ({probe.tree.size} nodes)") + extra, reset=reset)
 
 
+def _ptd_spec(name: str, arg: str) -> MethodSpec:
+    """``ptd`` (the paper's defaults) or ``ptd:T,D`` (at most T candidates and D draft nodes a step)."""
+    config = PTDConfig()
+    if arg:
+        try:
+            config.trie_nodes, config.max_nodes = (int(x) for x in arg.split(","))
+        except ValueError:
+            raise ValueError(f"Bad method {name!r}: use ptd:T,D with two numbers.") from None
+    label = f"trie<={config.trie_nodes}, draft<={config.max_nodes}, width {config.width}, depth {config.depth}"
+    return MethodSpec(name, lambda lm_, n: ProgressiveTreeDecoder(lm_, n, config), tree=label)
+
+
 def parse_methods(text: str, lm: LoadedModel, tree: str | None = None, k: int = 8,
                   lookup: int | None = None) -> list[MethodSpec]:
     """``greedy,tr,tr:paper-80,tr:tr-16+pld10`` -> specs; greedy is always included and first."""
@@ -75,6 +88,9 @@ def parse_methods(text: str, lm: LoadedModel, tree: str | None = None, k: int = 
         if base == "hf-pld":
             specs.append(MethodSpec("hf-pld", lambda lm_, n: HFPromptLookup(lm_, n), tree="generate(prompt_lookup=10)"))
             continue
+        if base == "ptd":
+            specs.append(_ptd_spec(name, arg))
+            continue
         if base == "tr" and not arg:
             specs.append(_tr_spec(name, lm, tree, k, lookup))
         elif base == "tr":
@@ -85,7 +101,7 @@ def parse_methods(text: str, lm: LoadedModel, tree: str | None = None, k: int = 
                 raise ValueError(f"Bad method {name!r}: use tr:TREE+pldN with N a number.") from None
             specs.append(_tr_spec(name, lm, shape, k, n))
         else:
-            raise ValueError(f"Unknown method {name!r}; known: greedy, tr, tr:TREE, tr:TREE+pldN, pld, hf-pld.")
+            raise ValueError(f"Unknown method {name!r}; known: greedy, tr, tr:TREE, tr:TREE+pldN, pld, hf-pld, ptd, ptd:T,D.")
     return specs
 
 

@@ -14,8 +14,11 @@ from .base import Decoder, PhaseClock
 class TreeDecoder(Decoder):
     """Subclasses draft ``tokens [q]`` over ``tree`` (root first), then call these two in order."""
 
-    def verify_tree(self, tokens: torch.Tensor, tree: TreeTensors, clock: PhaseClock):
-        """Returns ``logits [q, vocab]``, the verdict and the accepted path as a list."""
+    def verify_tree(self, tokens: torch.Tensor, tree: TreeTensors, clock: PhaseClock, verified: int | None = None):
+        """Returns ``logits [q, vocab]``, the verdict and the accepted path as a list.
+
+        ``verified``: only the first that many inputs form the tree that is verified (PTD's draft
+        nodes ride along behind it); the verdict's ``choices`` still cover all ``q`` inputs."""
         past = self.cache_length
         with clock.phase("prepare"):
             positions = tree.position_ids(past)  # [1, q]
@@ -23,25 +26,34 @@ class TreeDecoder(Decoder):
         with clock.phase("forward"):
             logits = self.forward(tokens[None], positions, mask)  # [q, vocab]
         with clock.phase("verify"):
-            verdict = verify_greedy(tokens, logits, tree)
+            if verified is None or verified == tokens.shape[0]:
+                verdict = verify_greedy(tokens, logits, tree)
+            else:
+                verdict = verify_greedy(tokens[:verified], logits[:verified], tree.head(verified))
+                verdict.choices = logits.argmax(dim=-1)
             path = verdict.path.tolist()
         return logits, verdict, path
 
     def finish_tree_step(self, tokens: torch.Tensor, tree: TreeTensors, sources: list[str], verdict: Verdict,
-                         path: list[int], clock: PhaseClock, rows: list[RowUpdate] | None = None) -> Step:
-        """Prune the cache to the accepted path, commit its tokens + the model's own, record the step."""
-        past = self.cache_length - tokens.shape[0]
+                         path: list[int], clock: PhaseClock, rows: list[RowUpdate] | None = None,
+                         verified: int | None = None) -> Step:
+        """Prune the cache to the accepted path, commit its tokens + the model's own, record the step.
+
+        The step's tree is the first ``verified`` inputs (default: all)."""
+        q = tokens.shape[0]
+        past = self.cache_length - q
+        m = q if verified is None else verified
         with clock.phase("prune"):
             keep_accepted_kv(self.cache, past, path)
-        token_list = tokens.tolist()
+        token_list = tokens[:m].tolist()
         self.last = verdict.bonus
         committed = self.commit([token_list[i] for i in path[1:]] + [int(verdict.bonus)])
-        parents = tree.parents.tolist()
+        parents = tree.parents[:m].tolist()
         parents[0] = -1
         return self.record(Step(
             index=len(self.steps) + 1, method=self.method,
-            tree=DraftTree(tokens=token_list, parents=parents, depths=tree.depths.tolist(),
-                           ranks=tree.ranks.tolist(), sources=sources),
-            accepted_path=path, committed=committed, model_choices=verdict.choices.tolist(),
-            rows_written=rows or [], forward_tokens=len(token_list), cache_length=past,
+            tree=DraftTree(tokens=token_list, parents=parents, depths=tree.depths[:m].tolist(),
+                           ranks=tree.ranks[:m].tolist(), sources=sources),
+            accepted_path=path, committed=committed, model_choices=verdict.choices[:m].tolist(),
+            rows_written=rows or [], forward_tokens=q, cache_length=past,
             timings=clock.seconds))

@@ -1,0 +1,123 @@
+"""Progressive Tree Drafting: the draft tree's growth rules by hand, then the decoder on the tiny model."""
+import torch
+
+from tr_core.decoders import ProgressiveTreeDecoder
+from tr_core.ptd import CandidateTries, DraftForest, PTDConfig, _Node
+
+from .conftest import reference_greedy
+
+PROMPTS = [[5, 9, 14, 3, 22, 9, 14], [7], [30, 31, 32, 33, 30, 31, 32, 33, 30, 31], [60, 2, 60, 2, 60]]
+
+
+def forest_of(*branches, **cfg) -> DraftForest:
+    """A forest whose first-level branches are the given token chains."""
+    f = DraftForest(PTDConfig(**cfg))
+    for chain in branches:
+        f.add_branch(chain[0])
+        node = f.branches[-1]
+        for t in chain[1:]:
+            node.children.append(_Node(t))
+            node = node.children[-1]
+    return f
+
+
+def shape(f: DraftForest):
+    flat = f.flatten()
+    return list(zip(flat.tokens, flat.parents, flat.depths))
+
+
+def test_flatten_is_bfs_with_parents_and_depths():
+    f = forest_of([10, 11, 12], [20, 21])
+    assert shape(f) == [(10, -1, 1), (20, -1, 1), (11, 0, 2), (21, 1, 2), (12, 2, 3)]
+
+
+def test_expansion_adds_the_argmax_under_every_node_once():
+    f = forest_of([10, 11], [20])
+    flat = f.flatten()  # 10, 20, 11
+    grown = f.expand(flat, [11, 25, 12])  # 11 under 10 exists already: no new child there
+    assert grown == [[20, 25], [10, 11, 12]]
+    assert shape(f) == [(10, -1, 1), (20, -1, 1), (11, 0, 2), (25, 1, 2), (12, 2, 3)]
+    assert f.expand(f.flatten(), [11, 25, 12, 26, 13]) == [[20, 25, 26], [10, 11, 12, 13]]
+
+
+def test_width_control_drops_the_newest_extra_children():
+    f = forest_of([10], width=2)
+    for choice in (1, 2, 3):  # a third child does not fit
+        f.expand(f.flatten(), [choice] + [0] * (len(f.flatten().nodes) - 1))
+    assert [c.token for c in f.branches[0].children] == [1, 2]
+
+
+def test_size_cap_limits_the_draft_tree():
+    f = forest_of([10], [20], max_nodes=3)
+    f.expand(f.flatten(), [11, 21])
+    assert len(f.flatten().nodes) == 3
+
+
+def test_root_window_keeps_the_newest_branches():
+    f = forest_of([1], [2], root_window=3)
+    assert f.add_branch(3) and f.add_branch(4)
+    assert [b.token for b in f.branches] == [2, 3, 4]
+    assert not f.add_branch(3)  # already a branch: nothing changes
+    assert [b.token for b in f.branches] == [2, 3, 4]
+
+
+def test_stepping_reroots_an_over_deep_branch_at_its_oldest_child():
+    f = forest_of([1, 2, 3, 4], [9, 8], depth=3)
+    first = f.branches[0]
+    first.children.append(_Node(7))  # a younger sibling of 2, dropped by stepping
+    assert f.step_depth() == [0]
+    assert shape(f) == [(2, -1, 1), (9, -1, 1), (3, 0, 2), (8, 1, 2), (4, 2, 3)]
+    assert f.step_depth() == []  # depth 3 is within the limit
+
+
+def test_seed_takes_short_chains_of_prompt_tokens_reproducibly():
+    prompt = list(range(100, 140))
+    a, b = DraftForest(PTDConfig(seed=3)), DraftForest(PTDConfig(seed=3))
+    a.seed(prompt)
+    b.seed(prompt)
+    assert shape(a) == shape(b) and len(a.branches) == 4
+    for tok, parent, depth in shape(a):
+        assert tok in prompt
+        if parent >= 0:  # a seed chain is a stretch of the prompt
+            assert tok == a.flatten().tokens[parent] + 1
+
+
+def test_harvest_keys_ngrams_by_first_token_and_caps_tries():
+    t = CandidateTries(max_nodes=4, ngram=3)
+    t.harvest([1, 2])
+    t.harvest([1, 2, 3])  # n-gram = last 3 tokens -> key 1, suffix (2, 3)
+    t.harvest([7, 1, 2, 4])  # key 1, suffix (2, 4)
+    assert t.candidates(1) == ([2, 4, 3], [0, 1, 1], [1, 2, 2])  # newest first on each level
+    t.harvest([1, 5, 6])  # two more nodes: over the cap of 4, the oldest leaf (2, 3) goes
+    tokens, parents, depths = t.candidates(1)
+    assert sorted(zip(depths, tokens)) == [(1, 2), (1, 5), (2, 4), (2, 6)]
+    assert t.candidates(99) == ([], [], [])
+
+
+def test_ptd_equals_generate_and_accepts_drafts(tiny_lm):
+    accepted = 0
+    for ids in PROMPTS:
+        dec = ProgressiveTreeDecoder(tiny_lm, max_new_tokens=40)
+        assert dec.generate(ids) == reference_greedy(tiny_lm, ids, 40)
+        accepted += sum(s.accepted_drafts for s in dec.steps)
+    assert accepted > 0, "the tiny model repeats itself; PTD should accept some candidates"
+
+
+def test_ptd_step_record_shows_verified_and_draft_trees(tiny_lm):
+    dec = ProgressiveTreeDecoder(tiny_lm, max_new_tokens=30)
+    dec.start(PROMPTS[2])
+    saw_candidates = saw_new = False
+    while not dec.done:
+        before = len(dec.forest.flatten().nodes)
+        s = dec.step()
+        verified, draft = s.tree, s.draft_tree
+        assert s.forward_tokens == len(verified.tokens) + before
+        assert set(verified.sources[1:]) <= {"trie"}
+        assert draft.tokens[0] == verified.tokens[0] and draft.parents[0] == -1
+        assert set(draft.sources[1:]) <= {"kept", "new", "pruned"}
+        kept = sum(x != "pruned" for x in draft.sources[1:])
+        assert kept == len(dec.forest.flatten().nodes)  # what survives rides along next step
+        assert s.model_choices == [int(torch.tensor(c)) for c in s.model_choices]
+        saw_candidates |= verified.size > 0
+        saw_new |= "new" in draft.sources
+    assert saw_candidates and saw_new

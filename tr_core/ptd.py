@@ -1,0 +1,182 @@
+"""Progressive Tree Drafting's state (arXiv 2607.10661): the evolving draft tree and the candidate tries.
+
+Two structures live across steps, both small and on the host (they are decisions about a few
+dozen token ids; the tensors of a step are built from them once per step):
+
+* :class:`DraftForest`, the *draft tree*: first-level branches under a virtual root, each a
+  token of the context followed by the model's own predictions.  It rides along with every
+  verification forward; each of its nodes sees the cache and its own ancestors, the first
+  level sitting at the position of the step's root, i.e. each branch is read as "the context,
+  then this token, then ...".  After the forward, every node gains the model's argmax as a
+  child (*progressive expansion*), so the tree grows one layer per step along the model's own
+  predictions.  Width control: at most ``width`` children per node (a new prediction beyond
+  that is dropped); the root keeps a window of ``root_window`` branches, adding one per step
+  from the latest prediction (the step's bonus token) and dropping the oldest.  Depth control
+  (*stepping*): a branch deeper than ``depth`` is re-rooted at its oldest child, whose subtree
+  is kept while the stale first token and its other children are dropped.  ``max_nodes`` caps
+  the tree's size (our addition: on a CPU every node costs forward time).
+* :class:`CandidateTries`: every path the draft tree grows is harvested as n-grams (``ngram``
+  tokens, 4 by default) into a trie keyed by the n-gram's first token; each trie holds at most
+  ``max_nodes`` nodes (60), the least recently refreshed leaves going first.  The trie keyed by
+  the last committed token is the candidate tree verified in the next forward.
+
+Where the paper leaves a detail open, the choices above are ours and are documented in the README.
+"""
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+
+
+@dataclass
+class PTDConfig:
+    width: int = 4  # children per draft node
+    root_window: int = 4  # first-level branches of the draft tree
+    depth: int = 6  # depth of a branch before it is stepped
+    ngram: int = 4  # harvested path length (first token = the trie's key)
+    trie_nodes: int = 60  # nodes per candidate trie (= verified candidates per step, at most)
+    max_nodes: int = 48  # draft tree nodes per forward
+    seed_chain: int = 2  # prompt tokens per seed branch
+    seed: int = 0  # random seed for the seed branches
+
+
+class _Node:
+    __slots__ = ("children", "token")
+
+    def __init__(self, token: int):
+        self.token = token
+        self.children: list[_Node] = []  # oldest first
+
+
+@dataclass
+class FlatForest:
+    """The draft tree in BFS order: what one forward sees."""
+
+    nodes: list[_Node]
+    tokens: list[int]
+    parents: list[int]  # -1 for first-level branches
+    depths: list[int]  # 1 for first-level branches
+    branch: list[int] = field(default_factory=list)  # index of each node's first-level branch
+
+
+class DraftForest:
+    """The evolving draft tree (see the module doc)."""
+
+    def __init__(self, config: PTDConfig):
+        self.config = config
+        self.branches: list[_Node] = []  # oldest first
+
+    def seed(self, prompt: list[int]) -> None:
+        """Start from ``root_window`` random stretches of the prompt (``seed_chain`` tokens each)."""
+        cfg, rng = self.config, random.Random(self.config.seed)
+        self.branches = []
+        if not prompt:
+            return
+        for _ in range(cfg.root_window):
+            start = rng.randrange(len(prompt))
+            chain = prompt[start:start + cfg.seed_chain]
+            head = node = _Node(chain[0])
+            for t in chain[1:]:
+                child = _Node(t)
+                node.children.append(child)
+                node = child
+            self.branches.append(head)
+
+    def flatten(self) -> FlatForest:
+        tokens, parents, depths, nodes, branch = [], [], [], [], []
+        frontier = [(b, -1, 1, i) for i, b in enumerate(self.branches)]
+        while frontier:
+            nxt = []
+            for node, parent, depth, b in frontier:
+                idx = len(nodes)
+                nodes.append(node)
+                tokens.append(node.token)
+                parents.append(parent)
+                depths.append(depth)
+                branch.append(b)
+                nxt += [(c, idx, depth + 1, b) for c in node.children]
+            frontier = nxt
+        return FlatForest(nodes, tokens, parents, depths, branch)
+
+    def expand(self, flat: FlatForest, choices: list[int]) -> list[list[int]]:
+        """Attach the model's argmax ``choices [n]`` (one per node of ``flat``) as children.
+
+        Width and size limits drop the extras.  Returns the token path (from its first-level
+        branch down) of every node added.
+        """
+        cfg = self.config
+        total = len(flat.nodes)
+        grown: list[list[int]] = []
+        paths: list[list[int]] = []
+        for i, (node, choice) in enumerate(zip(flat.nodes, choices)):
+            parent = flat.parents[i]
+            paths.append((paths[parent] if parent >= 0 else []) + [node.token])
+            if total >= cfg.max_nodes or len(node.children) >= cfg.width:
+                continue
+            if any(c.token == choice for c in node.children):
+                continue
+            node.children.append(_Node(choice))
+            total += 1
+            grown.append(paths[i] + [choice])
+        return grown
+
+    def step_depth(self) -> list[int]:
+        """Stepping: re-root every branch deeper than ``depth`` at its oldest child.
+
+        Returns the indices (into the branch list before the call) of the branches stepped."""
+        stepped = []
+        for i, b in enumerate(self.branches):
+            if _height(b) > self.config.depth:
+                stepped.append(i)
+                self.branches[i] = b.children[0]
+        return stepped
+
+    def add_branch(self, token: int) -> bool:
+        """Root window: a new first-level branch for ``token`` (if new), dropping the oldest."""
+        if any(b.token == token for b in self.branches):
+            return False
+        self.branches.append(_Node(token))
+        if len(self.branches) > self.config.root_window:
+            self.branches.pop(0)
+        return True
+
+
+def _height(node: _Node) -> int:
+    """Levels in ``node``'s subtree, itself included."""
+    return 1 + max((_height(c) for c in node.children), default=0)
+
+
+class CandidateTries:
+    """Per-first-token tries of harvested n-grams, each capped at ``max_nodes`` nodes."""
+
+    def __init__(self, max_nodes: int = 60, ngram: int = 4):
+        self.max_nodes, self.ngram = max_nodes, ngram
+        self.tries: dict[int, dict[tuple[int, ...], int]] = {}  # key token -> {suffix path: last touched}
+        self.clock = 0
+
+    def harvest(self, path: list[int]) -> None:
+        """Insert every n-gram of ``path`` that ends at its last token (shorter ones where the path is)."""
+        if len(path) < 2:
+            return
+        gram = path[-self.ngram:]
+        self.insert(gram[0], gram[1:])
+
+    def insert(self, key: int, suffix: list[int]) -> None:
+        self.clock += 1
+        trie = self.tries.setdefault(key, {})
+        for n in range(1, len(suffix) + 1):
+            trie[tuple(suffix[:n])] = self.clock
+        while len(trie) > self.max_nodes:
+            leaves = [p for p in trie if not any(len(o) == len(p) + 1 and o[:-1] == p for o in trie)]
+            del trie[min(leaves, key=trie.get)]
+
+    def candidates(self, key: int) -> tuple[list[int], list[int], list[int]]:
+        """The trie of ``key`` as a tree under a root: ``(tokens, parents, depths)`` of its nodes in
+        BFS order (parent 0 = the root; node indices count the root as 0), newest first per level."""
+        trie = self.tries.get(key, {})
+        order = sorted(trie, key=lambda p: (len(p), -trie[p]))
+        index = {p: i + 1 for i, p in enumerate(order)}
+        return ([p[-1] for p in order], [index.get(p[:-1], 0) for p in order], [len(p) for p in order])
+
+    def __len__(self) -> int:
+        return sum(len(t) for t in self.tries.values())
