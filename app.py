@@ -13,7 +13,7 @@ import gradio as gr
 import torch
 
 from components.model_hub import ModelHub
-from components.session import Session, Settings, UserError
+from components.session import METHODS, Session, Settings, UserError
 from tr_core.decoders.recycling import default_lookup, default_tree_name
 from tr_core.models import EMBEDDED_LABEL, pick_device
 from tr_core.planner import cost_curve_for
@@ -53,6 +53,7 @@ def build_app(hub: ModelHub, cap: int = 256, default_tokens: int = 96) -> gr.Blo
                     reset_btn = gr.Button("Reset", elem_id="reset")
                 speed = gr.Slider(0.5, 5, value=2, step=0.5, label="Play speed (steps per second)")
             with gr.Column(scale=2):
+                method = gr.Radio(list(METHODS), value=next(iter(METHODS)), label="Method", elem_id="method")
                 with gr.Accordion("Settings", open=False):
                     default_model = EMBEDDED_LABEL if hub.default == "embedded" else hub.default
                     model = gr.Dropdown(list(dict.fromkeys([default_model, *MODEL_CHOICES])), value=default_model,
@@ -74,7 +75,11 @@ def build_app(hub: ModelHub, cap: int = 256, default_tokens: int = 96) -> gr.Blo
                 status = gr.Markdown(elem_id="status")
         phases = gr.HTML(elem_id="phases")
         with gr.Row():
-            tree_plot = gr.Plot(elem_id="tree-plot", label="Draft tree")
+            with gr.Tabs():
+                with gr.Tab("Verified tree"):
+                    tree_plot = gr.Plot(elem_id="tree-plot", label="Draft tree")
+                with gr.Tab("PTD draft tree", elem_id="draft-tab"):
+                    draft_plot = gr.Plot(elem_id="draft-plot", label="PTD's evolving draft tree")
             heatmap = gr.Plot(elem_id="matrix-heatmap", label="Matrix")
         with gr.Row():
             with gr.Column(scale=3):
@@ -83,12 +88,13 @@ def build_app(hub: ModelHub, cap: int = 256, default_tokens: int = 96) -> gr.Blo
                 charts = gr.Plot(elem_id="charts", label="Acceptance and speedup")
         timer = gr.Timer(0.5, active=False)
 
-        settings_inputs = [model, tree, k, max_new, hot, lookup]
-        views = [tree_plot, heatmap, text, counters, charts, phases]
+        settings_inputs = [model, tree, k, max_new, hot, lookup, method]
+        views = [tree_plot, draft_plot, heatmap, text, counters, charts, phases]
 
-        def settings(model_, tree_, k_, max_new_, hot_, lookup_) -> Settings:
+        def settings(model_, tree_, k_, max_new_, hot_, lookup_, method_) -> Settings:
             return Settings(str(model_ or ""), str(tree_ or "default"), int(k_ or 8),
-                            int(max_new_) if max_new_ is not None else 0, bool(hot_), 10 if lookup_ else 0)
+                            int(max_new_) if max_new_ is not None else 0, bool(hot_), 10 if lookup_ else 0,
+                            METHODS.get(method_, str(method_)))
 
         def render(sess: Session, message: str = ""):
             return (sess, *sess.views(), message or sess.message)

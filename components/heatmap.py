@@ -18,8 +18,10 @@ def heatmap_figure(step: Step | None, token_text) -> go.Figure:
     fig.update_layout(margin=dict(l=10, r=10, t=40, b=10), height=430, plot_bgcolor="white",
                       title=dict(text="Matrix rows recycled this step", x=0.01, font_size=14))
     if step is None or not step.rows_written:
-        fig.add_annotation(text="No rows written yet" if step is None or step.method != "greedy"
-                           else "Greedy decoding keeps no matrix", showarrow=False, font_size=14)
+        words = {"greedy": "Greedy decoding keeps no matrix",
+                 "ptd": "PTD keeps no matrix: its drafts come from the draft-tree tab's tries"}
+        fig.add_annotation(text=words.get(step.method, "No rows written yet") if step else "No rows written yet",
+                           showarrow=False, font_size=14)
         fig.update_layout(xaxis=dict(visible=False), yaxis=dict(visible=False))
         return fig
     path_tokens = [step.tree.tokens[i] for i in step.accepted_path]

@@ -22,6 +22,8 @@ def phase_html(step: Step | None, token_text) -> str:
     if step.method == "greedy":
         return (f'<div class="phases"><span class="ph">forward</span> greedy decoding ran one token '
                 f'({root}) through the model in {ms.get("forward", 0):.0f} ms and took its top choice, {own}.</div>')
+    if step.method == "ptd":
+        return _ptd_cells(step, root, own, ms, acc)
     looked = sum(1 for src in t.sources if src == "lookup")
     from_matrix = t.size - looked
     extra = (f" A further {looked} came from repeating what followed the same words earlier in the text "
@@ -36,6 +38,28 @@ def phase_html(step: Step | None, token_text) -> str:
         ("recycle", f"The candidates the model produced at all {step.forward_tokens} positions, accepted or not, "
                     f"were written into {len(step.rows_written)} matrix rows ({ms.get('update', 0):.1f} ms)."),
     ]
+    return _cells(cells)
+
+
+def _cells(cells: list[tuple[str, str]]) -> str:
     body = "".join(f'<div class="ph-cell"><span class="ph">{i + 1}. {name}</span> {text}</div>'
                    for i, (name, text) in enumerate(cells))
     return f'<div class="phases">{body}</div>'
+
+
+def _ptd_cells(step: Step, root: str, own: str, ms: dict, acc: int) -> str:
+    """Progressive Tree Drafting's phases: retrieve a trie, verify with the draft riding along, expand."""
+    d = step.draft_tree
+    fate = {k: sum(1 for s in (d.sources[1:] if d else []) if s == k) for k in ("new", "pruned")}
+    riding = step.forward_tokens - len(step.tree.tokens)
+    return _cells([
+        ("retrieve", f"The candidate trie for the last token <b>{root}</b> gave {step.tree.size} draft tokens, "
+                     f"harvested earlier from the model's own predictions ({ms.get('retrieve', 0):.1f} ms)."),
+        ("verify", f"One forward pass of {step.forward_tokens} tokens checked the candidates and, in the same "
+                   f"pass, ran the {riding} nodes of the evolving draft tree ({ms.get('forward', 0):.0f} ms)."),
+        ("accept", f"The longest candidate path matching the model's choices had <b>{acc}</b> token"
+                   f"{'s' * (acc != 1)}; the model added <b>{own}</b>, so this step committed {len(step.committed)}."),
+        ("expand", f"Every draft node gained the model's next token as a child ({fate['new']} new nodes, shown in "
+                   f"the draft-tree tab); {fate['pruned']} were pruned by width, depth or the root window, and the "
+                   f"new paths went into the tries ({ms.get('expand', 0):.1f} ms)."),
+    ])

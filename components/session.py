@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tr_core import AdjacencyMatrix, GreedyDecoder, MatrixFileError, TokenRecyclingDecoder
-from tr_core.decoders import DecodeError
+from tr_core.decoders import DecodeError, ProgressiveTreeDecoder
 from tr_core.models import LoadedModel, ModelLoadError
 from tr_core.planner import TreePlanner
 from tr_core.trees import TreeError
@@ -17,9 +17,10 @@ from .model_hub import ModelHub
 from .phase_strip import phase_html
 from .race import Race
 from .text_view import output_html
-from .tree_plot import tree_figure
+from .tree_plot import draft_figure, tree_figure
 
 MAX_PROMPT_CHARS = 20_000
+METHODS = {"Token Recycling (TR)": "tr", "Progressive Tree Drafting (PTD)": "ptd"}
 
 
 class UserError(Exception):
@@ -34,8 +35,11 @@ class Settings:
     max_new_tokens: int
     hot_start: bool
     lookup: int = 0  # prompt-lookup tokens merged into the tree (0 = the paper's method alone)
+    method: str = "tr"  # "tr" or "ptd" (tree, k, hot start and lookup are TR's settings)
 
     def validate(self, cap: int) -> None:
+        if self.method not in METHODS.values():
+            raise UserError(f"Unknown method {self.method!r}; use one of {sorted(METHODS.values())}.")
         if not isinstance(self.max_new_tokens, (int, float)) or not 1 <= self.max_new_tokens <= cap:
             raise UserError(f"Max new tokens must be between 1 and {cap} (got {self.max_new_tokens}).")
         if not 1 <= int(self.k) <= 8:
@@ -81,12 +85,15 @@ class Session:
             lm = hub.get(s.model)
         except ModelLoadError as err:
             raise UserError(str(err)) from None
-        matrix = self.matrix_for(lm, int(s.k), s.hot_start)
         try:
-            planner = self.planner_for(lm, int(s.k), s.hot_start) if s.tree == "auto" else None
-            tr = TokenRecyclingDecoder(lm, tree=s.tree, k=int(s.k), matrix=matrix, planner=planner,
-                                       max_new_tokens=int(s.max_new_tokens), lookup=int(s.lookup))
-            race = Race(tr, GreedyDecoder(lm, int(s.max_new_tokens)))
+            if s.method == "ptd":
+                decoder = ProgressiveTreeDecoder(lm, int(s.max_new_tokens))
+            else:
+                matrix = self.matrix_for(lm, int(s.k), s.hot_start)
+                planner = self.planner_for(lm, int(s.k), s.hot_start) if s.tree == "auto" else None
+                decoder = TokenRecyclingDecoder(lm, tree=s.tree, k=int(s.k), matrix=matrix, planner=planner,
+                                                max_new_tokens=int(s.max_new_tokens), lookup=int(s.lookup))
+            race = Race(decoder, GreedyDecoder(lm, int(s.max_new_tokens)))
             race.start(lm.encode_prompt(prompt))
         except (DecodeError, TreeError, ValueError, OSError) as err:
             raise UserError(str(err)) from None
@@ -128,21 +135,30 @@ class Session:
 
     # ---- views ----------------------------------------------------------------------------
     def views(self) -> tuple:
-        """(tree figure, heatmap figure, text html, counters html, charts figure, phase html)."""
+        """(tree figure, draft-tree figure, heatmap figure, text html, counters html, charts figure,
+        phase html)."""
         race = self.race
         step = race.decoder.steps[-1] if race and race.decoder.steps else None
         lm = race.decoder.lm if race else None
         text_of = lm.token_text if lm else str
-        tree_title = ""
+        tree_title = draft_title = ""
         if race:
-            tr = race.decoder
-            used = step.tree.size if step else tr.tree.size
-            tree_title = f"Draft tree of step {step.index if step else 0} · {tr.tree.name} ({used} nodes)"
+            dec = race.decoder
+            number = step.index if step else 0
+            if dec.method == "ptd":
+                used = step.tree.size if step else 0
+                tree_title = f"Candidates verified in step {number} · trie of the last token ({used} nodes)"
+                draft_title = f"PTD's draft tree after step {number} (rides along in the next forward)"
+            else:
+                used = step.tree.size if step else dec.tree.size
+                tree_title = f"Draft tree of step {number} · {dec.tree.name} ({used} nodes)"
         return (tree_figure(step, text_of, tree_title),
+                draft_figure(step, text_of, draft_title),
                 heatmap_figure(step, text_of),
                 output_html(race.decoder.steps if race else [], text_of),
-                counters_html(race.figures() if race and step else None),
+                counters_html(race.figures() if race and step else None,
+                              "Progressive Tree Drafting" if race and race.decoder.method == "ptd" else "Token Recycling"),
                 charts_figure([len(s.committed) for s in race.decoder.steps] if race else [],
                               race.speedups if race else [],
-                              max_len=(race.decoder.tree.depth + 1) if race else 7),
+                              max_len=race.decoder.lookahead if race else 7),
                 phase_html(step, text_of))

@@ -97,3 +97,38 @@ def tree_figure(step: Step | None, token_text, title: str = "") -> go.Figure:
             hovertext=[f"<b>bonus</b> {visible(token_text(bonus), 30)} (id {bonus})<br>the model's own next "
                        f"token after the accepted path"], hoverinfo="text"))
     return fig
+
+
+FATE_COLORS = {"root": "#1f4e99", "kept": "#7f8c9a", "new": "#2e9d4f", "pruned": "#d0455b"}
+
+
+def draft_figure(step: Step | None, token_text, title: str = "") -> go.Figure:
+    """PTD's evolving draft tree after a step: kept nodes grey, new children green, pruned ones red."""
+    fig = go.Figure()
+    fig.update_layout(uirevision="draft", margin=dict(l=10, r=10, t=40, b=10), height=430,
+                      plot_bgcolor="white", showlegend=False, title=dict(text=title, x=0.01, font_size=14),
+                      xaxis=dict(visible=False), yaxis=dict(visible=False))
+    d = step.draft_tree if step is not None else None
+    if d is None or len(d.tokens) < 2:
+        fig.add_annotation(text="Choose the PTD method to see its evolving draft tree" if d is None
+                           else "The draft tree is empty", showarrow=False, font_size=14)
+        return fig
+    pos = tree_layout(list(d.parents), list(d.depths))
+    xs, ys = [], []
+    for i, p in enumerate(d.parents):
+        if p >= 0:
+            xs += [pos[p][0], pos[i][0], None]
+            ys += [pos[p][1], pos[i][1], None]
+    fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", hoverinfo="skip", line=dict(color="#dde1e6", width=1)))
+    fates = list(d.sources)
+    words = {"root": "the step's root: first-level branches sit at its position",
+             "kept": "kept from earlier steps", "new": "the model's argmax, attached this step",
+             "pruned": "pruned this step (depth stepping or the root window)"}
+    fig.add_trace(go.Scatter(
+        x=[pos[i][0] for i in range(len(d.tokens))], y=[pos[i][1] for i in range(len(d.tokens))],
+        mode="markers+text", text=[visible(token_text(t), 10) for t in d.tokens], textposition="bottom center",
+        marker=dict(size=[20 if f == "root" else 13 for f in fates], color=[FATE_COLORS[f] for f in fates],
+                    symbol=["x" if f == "pruned" else "circle" for f in fates], line=dict(width=1, color="white")),
+        hovertext=[f"<b>{visible(token_text(t), 30)}</b> (id {t}), depth {dep}<br>{words[f]}"
+                   for t, dep, f in zip(d.tokens, d.depths, fates)], hoverinfo="text"))
+    return fig

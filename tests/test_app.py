@@ -28,7 +28,7 @@ def test_steps_render_every_panel(hub):
     sess = Session()
     for _ in range(3):
         sess.step(hub, PROMPT, settings(), cap=256)
-    tree_fig, heat_fig, text, counters, charts, phases = sess.views()
+    tree_fig, draft_fig, heat_fig, text, counters, charts, phases = sess.views()
     nodes = [t for t in tree_fig.data if t.mode == "markers+text"]
     step = sess.race.decoder.steps[-1]
     assert step.tree.size >= 80  # the paper tree, plus any prompt-lookup branch
@@ -40,6 +40,25 @@ def test_steps_render_every_panel(hub):
     assert len(charts.data[1].y) == 3  # speedup after each of the three steps
     figs = sess.race.figures()
     assert figs["tr"]["forwards"] == 3 and figs["greedy"]["tokens"] >= figs["tr"]["tokens"]
+
+
+def test_ptd_session_draws_both_trees(hub):
+    sess = Session()
+    for _ in range(3):
+        sess.step(hub, PROMPT, settings(method="ptd"), cap=256)
+    tree_fig, draft_fig, heat_fig, text, counters, charts, phases = sess.views()
+    step = sess.race.decoder.steps[-1]
+    assert step.method == "ptd" and step.draft_tree is not None
+    drawn = [t for t in draft_fig.data if t.mode == "markers+text"]
+    assert sum(len(t.x) for t in drawn) == len(step.draft_tree.tokens)
+    assert "new" in step.draft_tree.sources and "expand" in phases
+    assert "PTD keeps no matrix" in str(heat_fig.layout.annotations[0].text)
+    assert "Progressive Tree Drafting" in counters and "identical to greedy" in counters
+    while not sess.race.done:
+        sess.advance()
+    assert sess.race.figures()["identical"]
+    with pytest.raises(UserError, match="Unknown method"):
+        Session().step(hub, PROMPT, settings(method="medusa"), cap=256)
 
 
 def test_run_to_end_is_identical_to_greedy(hub):
@@ -124,10 +143,10 @@ def test_launched_app_through_gradio_client(launched):
     from gradio_client import Client
 
     client = Client(launched[1], verbose=False)
-    args = (PROMPT, EMBEDDED_LABEL, "tr-16", 8, 16, True, True)
+    args = (PROMPT, EMBEDDED_LABEL, "tr-16", 8, 16, True, True, "Token Recycling (TR)")
     first = client.predict(*args, api_name="/do_step")
     second = client.predict(*args, api_name="/do_step")
-    counters_1, counters_2 = first[3], second[3]
+    counters_1, counters_2 = first[4], second[4]
     assert "speedup" in counters_1 and counters_1 != counters_2
     assert "identical to greedy" in counters_2
     bad = client.predict("", *args[1:], api_name="/do_step")
@@ -138,6 +157,10 @@ def test_run_to_end_through_gradio_client(launched):
     from gradio_client import Client
 
     client = Client(launched[1], verbose=False)
-    final = client.predict("Name a fruit.", EMBEDDED_LABEL, "auto", 8, 10, True, True, api_name="/do_run")
+    final = client.predict("Name a fruit.", EMBEDDED_LABEL, "auto", 8, 10, True, True, "Token Recycling (TR)",
+                           api_name="/do_run")
     assert "Done" in final[-1]
-    assert "identical to greedy" in final[3] and ">10<" in final[3]  # ten tokens on both sides
+    assert "identical to greedy" in final[4] and ">10<" in final[4]  # ten tokens on both sides
+    ptd = client.predict("Name a fruit.", EMBEDDED_LABEL, "auto", 8, 10, True, True,
+                         "Progressive Tree Drafting (PTD)", api_name="/do_run")
+    assert "Done" in ptd[-1] and "Progressive Tree Drafting" in ptd[4] and "identical to greedy" in ptd[4]

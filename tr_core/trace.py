@@ -38,12 +38,13 @@ class Step:
     tree: DraftTree  # empty for greedy except the root
     accepted_path: list[int]  # node indices from the root (0) to the deepest accepted node
     committed: list[int]  # accepted draft tokens + the model's own token (cut at EOS / budget)
-    model_choices: list[int]  # the model's argmax after each tree node (same order as tree.tokens)
+    model_choices: list[int]  # the model's token after each tree node (argmax, or the draw when sampling)
     rows_written: list[RowUpdate]
     forward_tokens: int  # query length of the forward
     cache_length: int  # KV entries before this step's forward
     timings: dict[str, float]  # phase -> seconds, device synchronised
     done: bool = False
+    sampled: bool = False  # lossless sampling: model_choices are draws; the walk followed them
     # PTD: the evolving draft tree after this step's expansion; ``sources`` holds each node's
     # fate ("kept", "new", "pruned").  Its nodes ride along in the forward but are never verified.
     draft_tree: DraftTree | None = None

@@ -15,6 +15,7 @@ import torch
 
 from ..cache import check_cache_supported
 from ..models import LoadedModel
+from ..sampling import Sampler, SamplingConfig
 from ..trace import Step
 
 
@@ -44,9 +45,13 @@ class Decoder(ABC):
     method: ClassVar[str] = "?"
     lookahead: int = 0  # positions a step may reach past the committed tokens
 
-    def __init__(self, lm: LoadedModel, max_new_tokens: int = 128):
+    def __init__(self, lm: LoadedModel, max_new_tokens: int = 128, sampling: SamplingConfig | None = None):
+        """``sampling``: None = greedy decoding; else temperature/top-p/top-k sampling, seeded anew
+        by every ``start`` (the same seed and settings give the same output)."""
         self.lm = lm
         self.max_new_tokens = max_new_tokens
+        self.sampling = sampling
+        self.sampler: Sampler | None = None
         self.prompt: list[int] = []
         self.output: list[int] = []
         self.steps: list[Step] = []
@@ -70,6 +75,7 @@ class Decoder(ABC):
         from transformers import DynamicCache
 
         self.prompt, self.output, self.steps = ids, [], []
+        self.sampler = Sampler(self.sampling, self.lm.device) if self.sampling is not None else None
         self.cache = DynamicCache(config=self.lm.model.config)
         self._done = False
         device = self.lm.device

@@ -1,4 +1,5 @@
-"""Plain greedy decoding: one token per forward, the baseline every speedup is measured against."""
+"""Plain decoding, one token per forward: greedy (the baseline every speedup is measured against)
+or, with ``sampling``, plain sampling with the same logits processing as the tree decoders."""
 from __future__ import annotations
 
 import torch
@@ -19,7 +20,7 @@ class GreedyDecoder(Decoder):
         with clock.phase("forward"):
             logits = self.forward(self.last.view(1, 1))  # [1, vocab]
         with clock.phase("verify"):
-            choice = logits[-1].argmax()
+            choice = self.sampler.draw(logits[-1:])[0] if self.sampler else logits[-1].argmax()
             token = int(choice)
         self.last = choice
         committed = self.commit([token])
@@ -27,4 +28,4 @@ class GreedyDecoder(Decoder):
             index=len(self.steps) + 1, method=self.method,
             tree=DraftTree(tokens=[root], parents=[-1], depths=[0], ranks=[0], sources=["root"]),
             accepted_path=[0], committed=committed, model_choices=[token], rows_written=[],
-            forward_tokens=1, cache_length=past, timings=clock.seconds))
+            forward_tokens=1, cache_length=past, timings=clock.seconds, sampled=self.sampler is not None))

@@ -6,6 +6,7 @@ import torch
 
 from ..lookup import lookup_continuation
 from ..models import LoadedModel
+from ..sampling import SamplingConfig
 from ..trace import Step
 from ..trees import TreeShape
 from .base import PhaseClock
@@ -16,8 +17,8 @@ class PromptLookupDecoder(TreeDecoder):
     method = "pld"
 
     def __init__(self, lm: LoadedModel, max_new_tokens: int = 128, max_draft: int = 10, max_ngram: int = 3,
-                 min_ngram: int = 1):
-        super().__init__(lm, max_new_tokens)
+                 min_ngram: int = 1, sampling: SamplingConfig | None = None):
+        super().__init__(lm, max_new_tokens, sampling)
         self.max_draft, self.max_ngram, self.min_ngram = max_draft, max_ngram, min_ngram
         self.lookahead = max_draft + 1
         self.root_only = TreeShape.empty().tensors(lm.device, lm.dtype)

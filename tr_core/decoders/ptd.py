@@ -18,6 +18,7 @@ import torch
 
 from ..models import LoadedModel
 from ..ptd import CandidateTries, DraftForest, FlatForest, PTDConfig
+from ..sampling import SamplingConfig
 from ..trace import DraftTree, Step
 from ..trees import TreeTensors
 from .base import PhaseClock
@@ -27,8 +28,9 @@ from .tree_step import TreeDecoder
 class ProgressiveTreeDecoder(TreeDecoder):
     method = "ptd"
 
-    def __init__(self, lm: LoadedModel, max_new_tokens: int = 128, config: PTDConfig | None = None):
-        super().__init__(lm, max_new_tokens)
+    def __init__(self, lm: LoadedModel, max_new_tokens: int = 128, config: PTDConfig | None = None,
+                 sampling: SamplingConfig | None = None):
+        super().__init__(lm, max_new_tokens, sampling)
         self.config = config or PTDConfig()
         self.lookahead = max(self.config.ngram, self.config.depth) + 1
         self.forest = DraftForest(self.config)
@@ -50,7 +52,7 @@ class ProgressiveTreeDecoder(TreeDecoder):
             tokens, tree, m = self.step_input(root, cand, cand_parents, cand_depths, flat)
         logits, verdict, path = self.verify_tree(tokens, tree, clock, verified=m)
         with clock.phase("expand"):
-            choices = verdict.choices[m:].tolist() if flat.nodes else []
+            choices = logits[m:].argmax(dim=-1).tolist() if flat.nodes else []  # drafts grow greedily
             for p in self.forest.expand(flat, choices):
                 self.tries.harvest(p)
             grown = self.forest.flatten()

@@ -16,6 +16,7 @@ from ..lookup import graft_point, lookup_with_ngram
 from ..matrix import AdjacencyMatrix
 from ..models import LoadedModel
 from ..planner import TreePlanner
+from ..sampling import SamplingConfig
 from ..trace import RowUpdate, Step
 from ..trees import TreeShape, load_tree
 from .base import PhaseClock
@@ -37,12 +38,13 @@ class TokenRecyclingDecoder(TreeDecoder):
 
     def __init__(self, lm: LoadedModel, tree: TreeShape | str | list | None = None, k: int = 8,
                  matrix: AdjacencyMatrix | None = None, max_new_tokens: int = 128, trace_rows: bool = True,
-                 lookup: int | None = None, planner: TreePlanner | None = None):
+                 lookup: int | None = None, planner: TreePlanner | None = None,
+                 sampling: SamplingConfig | None = None):
         """``tree``: a shape, a preset name, rank paths, or ``"auto"`` (the cost-aware tree, planned by
         ``planner``, which like ``matrix`` may be shared across requests).  ``lookup``: longest
         prompt-lookup continuation merged into each tree (0 = the paper's method alone; None = the
-        device default)."""
-        super().__init__(lm, max_new_tokens)
+        device default).  ``sampling``: lossless sampling instead of greedy decoding."""
+        super().__init__(lm, max_new_tokens, sampling)
         self.lookup = default_lookup(lm.device) if lookup is None else int(lookup)
         if tree is None or tree == "default":
             tree = default_tree_name(lm.device)

@@ -7,7 +7,7 @@ import torch
 from ..cache import keep_accepted_kv
 from ..trace import DraftTree, RowUpdate, Step
 from ..trees import TreeTensors
-from ..verify import Verdict, verify_greedy
+from ..verify import Verdict, verify_greedy, verify_sampled
 from .base import Decoder, PhaseClock
 
 
@@ -18,7 +18,8 @@ class TreeDecoder(Decoder):
         """Returns ``logits [q, vocab]``, the verdict and the accepted path as a list.
 
         ``verified``: only the first that many inputs form the tree that is verified (PTD's draft
-        nodes ride along behind it); the verdict's ``choices`` still cover all ``q`` inputs."""
+        nodes ride along behind it); the verdict's ``choices`` cover those.  With sampling on, the
+        verdict follows the draws (``verify_sampled``), else the argmax (``verify_greedy``)."""
         past = self.cache_length
         with clock.phase("prepare"):
             positions = tree.position_ids(past)  # [1, q]
@@ -26,11 +27,12 @@ class TreeDecoder(Decoder):
         with clock.phase("forward"):
             logits = self.forward(tokens[None], positions, mask)  # [q, vocab]
         with clock.phase("verify"):
-            if verified is None or verified == tokens.shape[0]:
-                verdict = verify_greedy(tokens, logits, tree)
+            m = tokens.shape[0] if verified is None else verified
+            head = tree if m == tokens.shape[0] else tree.head(m)
+            if self.sampler is not None:
+                verdict = verify_sampled(tokens[:m], logits[:m], head, self.sampler)
             else:
-                verdict = verify_greedy(tokens[:verified], logits[:verified], tree.head(verified))
-                verdict.choices = logits.argmax(dim=-1)
+                verdict = verify_greedy(tokens[:m], logits[:m], head)
             path = verdict.path.tolist()
         return logits, verdict, path
 
@@ -54,6 +56,7 @@ class TreeDecoder(Decoder):
             index=len(self.steps) + 1, method=self.method,
             tree=DraftTree(tokens=token_list, parents=parents, depths=tree.depths[:m].tolist(),
                            ranks=tree.ranks[:m].tolist(), sources=sources),
-            accepted_path=path, committed=committed, model_choices=verdict.choices[:m].tolist(),
+            accepted_path=path, committed=committed, model_choices=verdict.choices.tolist(),
+            sampled=self.sampler is not None,
             rows_written=rows or [], forward_tokens=q, cache_length=past,
             timings=clock.seconds))

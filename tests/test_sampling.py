@@ -1,0 +1,133 @@
+"""Lossless sampling: the processing matches ``generate``, runs are reproducible, and the tree walk
+gives exactly plain sampling's distribution (a chi-square test that a wrong rule fails)."""
+import pytest
+import torch
+
+from tr_core import AdjacencyMatrix, GreedyDecoder, TokenRecyclingDecoder
+from tr_core.decoders import ProgressiveTreeDecoder, PromptLookupDecoder
+from tr_core.sampling import Sampler, SamplingConfig
+from tr_core.verify import Verdict, verify_greedy
+
+PROMPT = [30, 31, 32, 33, 30, 31, 32, 33, 30, 31]
+CONFIG = dict(temperature=2.0, top_k=24, top_p=0.95)
+
+
+def test_processing_matches_generate(tiny_lm):
+    cfg = SamplingConfig(**CONFIG)
+    out = tiny_lm.model.generate(torch.tensor([PROMPT]), max_new_tokens=3, output_scores=True, output_logits=True,
+                                 return_dict_in_generate=True, **cfg.generate_kwargs())
+    sampler = Sampler(cfg, tiny_lm.device)
+    for raw, processed in zip(out.logits, out.scores):
+        ours = sampler.processors(None, raw.float())
+        assert torch.equal(torch.isinf(ours), torch.isinf(processed))
+        finite = ~torch.isinf(processed)
+        assert torch.allclose(ours[finite], processed[finite])
+
+
+@pytest.mark.parametrize("bad", [dict(temperature=0), dict(top_p=0), dict(top_p=1.5), dict(top_k=-1)])
+def test_bad_settings_are_refused(bad):
+    with pytest.raises(ValueError):
+        SamplingConfig(**bad)
+
+
+@pytest.mark.parametrize("make", [
+    lambda lm, s: TokenRecyclingDecoder(lm, tree="tr-16", lookup=5, max_new_tokens=30, sampling=s),
+    lambda lm, s: PromptLookupDecoder(lm, 30, sampling=s),
+    lambda lm, s: ProgressiveTreeDecoder(lm, 30, sampling=s),
+    lambda lm, s: GreedyDecoder(lm, 30, sampling=s),
+])
+def test_same_seed_same_output(tiny_lm, make):
+    a = make(tiny_lm, SamplingConfig(seed=7, **CONFIG)).generate(PROMPT)
+    b = make(tiny_lm, SamplingConfig(seed=7, **CONFIG)).generate(PROMPT)
+    others = {tuple(make(tiny_lm, SamplingConfig(seed=s, **CONFIG)).generate(PROMPT)) for s in range(8, 12)}
+    assert a == b and len(others | {tuple(a)}) > 1
+
+
+def test_step_trace_shows_the_draws(tiny_lm):
+    dec = TokenRecyclingDecoder(tiny_lm, tree="tr-16", lookup=0, max_new_tokens=30,
+                                sampling=SamplingConfig(seed=1, **CONFIG))
+    dec.generate(PROMPT)
+    for s in dec.steps:
+        assert s.sampled
+        path = s.accepted_path
+        for parent, child in zip(path, path[1:]):  # each accepted node is the draw at its parent
+            assert s.tree.tokens[child] == s.model_choices[parent]
+        assert s.committed[-1] == s.model_choices[path[-1]] or s.done
+
+
+# ---- the distribution of the first two tokens -------------------------------------------------
+def exact_two_token_distribution(lm, cfg: SamplingConfig) -> torch.Tensor:
+    """``[V, V]``: P(first = a, second = b) under plain sampling, computed from the model."""
+    sampler = Sampler(cfg, lm.device)
+    with torch.no_grad():
+        p1 = sampler.probabilities(lm.model(torch.tensor([PROMPT])).logits[0, -1:])[0]
+        batch = torch.tensor([PROMPT + [a] for a in range(lm.vocab_size)])
+        p2 = sampler.probabilities(lm.model(batch).logits[:, -1])
+    return p1[:, None] * p2
+
+
+def chi_square_p(counts: torch.Tensor, expected: torch.Tensor) -> float:
+    """Goodness of fit; outcomes expected fewer than 5 times are pooled into one bin."""
+    big = expected >= 5
+    obs = torch.cat([counts[big], counts[~big].sum()[None]]).double()
+    exp = torch.cat([expected[big], expected[~big].sum()[None]]).double()
+    keep = exp > 0
+    stat = ((obs[keep] - exp[keep]) ** 2 / exp[keep]).sum()
+    df = int(keep.sum()) - 1
+    return float(torch.special.gammaincc(torch.tensor(df / 2, dtype=torch.double), stat / 2))
+
+
+def sample_first_two(lm, runs: int, make) -> tuple[torch.Tensor, int]:
+    counts = torch.zeros(lm.vocab_size, lm.vocab_size)
+    drafted = 0
+    for seed in range(runs):
+        dec = make(SamplingConfig(seed=seed, **CONFIG))
+        a, b = dec.generate(PROMPT)
+        counts[a, b] += 1
+        drafted += sum(s.accepted_drafts for s in dec.steps) > 0
+    return counts, drafted
+
+
+@pytest.fixture(scope="module")
+def warm_matrix(tiny_lm):
+    """A matrix filled by a few decodes, copied afresh for every run so runs stay independent."""
+    m = AdjacencyMatrix(tiny_lm.vocab_size, 8, fingerprint=tiny_lm.fingerprint)
+    for seed in range(6):
+        TokenRecyclingDecoder(tiny_lm, tree="paper-80", matrix=m, lookup=0, max_new_tokens=40,
+                              sampling=SamplingConfig(seed=seed, **CONFIG)).generate(PROMPT)
+    return m.table.clone()
+
+
+def tr_maker(lm, table):
+    def make(cfg):
+        m = AdjacencyMatrix(lm.vocab_size, 8, fingerprint=lm.fingerprint)
+        m.table.copy_(table)
+        return TokenRecyclingDecoder(lm, tree="paper-80", matrix=m, lookup=0, max_new_tokens=2, sampling=cfg)
+    return make
+
+
+RUNS = 2000
+
+
+def test_tr_sampling_has_plain_sampling_distribution(tiny_lm, warm_matrix):
+    expected = exact_two_token_distribution(tiny_lm, SamplingConfig(**CONFIG)) * RUNS
+    counts, drafted = sample_first_two(tiny_lm, RUNS, tr_maker(tiny_lm, warm_matrix))
+    assert drafted > RUNS // 3, "most runs should commit a drafted token, or the walk is not tested"
+    assert chi_square_p(counts, expected) > 1e-3
+    plain, _ = sample_first_two(tiny_lm, RUNS, lambda cfg: GreedyDecoder(tiny_lm, 2, sampling=cfg))
+    assert chi_square_p(plain, expected) > 1e-3
+
+
+def test_a_wrong_rule_fails_the_same_test(tiny_lm, warm_matrix, monkeypatch):
+    """'Accept the model's most likely child, then sample its own token' is biased: the test sees it."""
+    def most_likely_child(tokens, logits, tree, sampler):
+        greedy = verify_greedy(tokens, logits, tree)
+        draws = sampler.draw(logits)
+        return Verdict(path=greedy.path, bonus=draws[greedy.path[-1]], choices=draws)
+
+    import tr_core.decoders.tree_step as tree_step
+
+    monkeypatch.setattr(tree_step, "verify_sampled", most_likely_child)
+    expected = exact_two_token_distribution(tiny_lm, SamplingConfig(**CONFIG)) * RUNS
+    counts, _ = sample_first_two(tiny_lm, RUNS, tr_maker(tiny_lm, warm_matrix))
+    assert chi_square_p(counts, expected) < 1e-6
