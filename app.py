@@ -67,6 +67,11 @@ def build_app(hub: ModelHub, cap: int = 256, default_tokens: int = 96) -> gr.Blo
                     lookup = gr.Checkbox(default_lookup(device) > 0,
                                          label="Merge prompt lookup into the tree (off = the paper's method alone)")
                     with gr.Row():
+                        temperature = gr.Slider(0, 2, value=0, step=0.05, elem_id="temperature",
+                                                label="Temperature (0 = greedy; above 0 = lossless sampling)")
+                        top_p = gr.Slider(0.05, 1, value=1, step=0.05, label="Top-p", elem_id="top-p")
+                        seed = gr.Number(0, precision=0, label="Seed", minimum=0)
+                    with gr.Row():
                         reset_matrix_btn = gr.Button("Reset matrix", size="sm")
                         save_btn = gr.Button("Save matrix", size="sm")
                         load_btn = gr.UploadButton("Load matrix", size="sm", file_types=[".safetensors"])
@@ -88,13 +93,15 @@ def build_app(hub: ModelHub, cap: int = 256, default_tokens: int = 96) -> gr.Blo
                 charts = gr.Plot(elem_id="charts", label="Acceptance and speedup")
         timer = gr.Timer(0.5, active=False)
 
-        settings_inputs = [model, tree, k, max_new, hot, lookup, method]
+        settings_inputs = [model, tree, k, max_new, hot, lookup, method, temperature, top_p, seed]
         views = [tree_plot, draft_plot, heatmap, text, counters, charts, phases]
 
-        def settings(model_, tree_, k_, max_new_, hot_, lookup_, method_) -> Settings:
+        def settings(model_, tree_, k_, max_new_, hot_, lookup_, method_, temperature_=0.0, top_p_=1.0,
+                     seed_=0) -> Settings:
             return Settings(str(model_ or ""), str(tree_ or "default"), int(k_ or 8),
                             int(max_new_) if max_new_ is not None else 0, bool(hot_), 10 if lookup_ else 0,
-                            METHODS.get(method_, str(method_)))
+                            METHODS.get(method_, str(method_)), float(temperature_ or 0.0),
+                            float(top_p_ if top_p_ is not None else 1.0), int(seed_ or 0))
 
         def render(sess: Session, message: str = ""):
             return (sess, *sess.views(), message or sess.message)

@@ -5,23 +5,30 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 
-def counters_html(fig: dict | None, method_label: str = "Token Recycling") -> str:
+def counters_html(fig: dict | None, method_label: str = "Token Recycling", sampled: bool = False) -> str:
     if not fig:
         return '<div class="counters-empty">Counters appear after the first step.</div>'
     tr, g = fig["tr"], fig["greedy"]
-    same = ("<span class='ok'>✔ identical to greedy so far</span>" if fig["identical"]
-            else "<span class='bad'>✘ differs from greedy</span>")
+    if sampled:
+        same = ("<span class='ok'>sampling: both draw from the same distribution at every token; the texts "
+                "differ because the random draws do</span>")
+    else:
+        same = ("<span class='ok'>✔ identical to greedy so far</span>" if fig["identical"]
+                else "<span class='bad'>✘ differs from greedy</span>")
+
+        same += f" ({fig['compared']} tokens compared)"
+    baseline = "Plain sampling" if sampled else "Greedy"
 
     def row(label, a, b):
         return f"<tr><th>{label}</th><td>{a}</td><td>{b}</td></tr>"
     return (
-        f'<table class="counters"><tr><th></th><th>{method_label}</th><th>Greedy</th></tr>'
+        f'<table class="counters"><tr><th></th><th>{method_label}</th><th>{baseline}</th></tr>'
         + row("tokens", tr["tokens"], g["tokens"])
         + row("forward passes", tr["forwards"], g["forwards"])
         + row("tokens / forward (MAT)", f"{tr['mat']:.2f}", f"{g['mat']:.2f}")
         + row("tokens / s", f"{tr['tok_per_s']:.1f}", f"{g['tok_per_s']:.1f}")
         + f"<tr class='speedup'><th>speedup</th><td colspan=2><b>{fig['speedup']:.2f}×</b></td></tr></table>"
-        + f"<div class='same'>{same} ({fig['compared']} tokens compared)</div>")
+        + f"<div class='same'>{same}</div>")
 
 
 def charts_figure(accepted_lengths: list[int], speedups: list[float], max_len: int = 7) -> go.Figure:

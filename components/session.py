@@ -9,6 +9,7 @@ from tr_core import AdjacencyMatrix, GreedyDecoder, MatrixFileError, TokenRecycl
 from tr_core.decoders import DecodeError, ProgressiveTreeDecoder
 from tr_core.models import LoadedModel, ModelLoadError
 from tr_core.planner import TreePlanner
+from tr_core.sampling import SamplingConfig
 from tr_core.trees import TreeError
 
 from .counters import charts_figure, counters_html
@@ -36,8 +37,20 @@ class Settings:
     hot_start: bool
     lookup: int = 0  # prompt-lookup tokens merged into the tree (0 = the paper's method alone)
     method: str = "tr"  # "tr" or "ptd" (tree, k, hot start and lookup are TR's settings)
+    temperature: float = 0.0  # 0 = greedy; above 0 = lossless sampling (both sides of the race)
+    top_p: float = 1.0
+    seed: int = 0
+
+    def sampling(self) -> SamplingConfig | None:
+        if not self.temperature:
+            return None
+        try:
+            return SamplingConfig(float(self.temperature), float(self.top_p), 0, int(self.seed))
+        except ValueError as err:
+            raise UserError(str(err)) from None
 
     def validate(self, cap: int) -> None:
+        self.sampling()
         if self.method not in METHODS.values():
             raise UserError(f"Unknown method {self.method!r}; use one of {sorted(METHODS.values())}.")
         if not isinstance(self.max_new_tokens, (int, float)) or not 1 <= self.max_new_tokens <= cap:
@@ -86,14 +99,16 @@ class Session:
         except ModelLoadError as err:
             raise UserError(str(err)) from None
         try:
+            sampling = s.sampling()
             if s.method == "ptd":
-                decoder = ProgressiveTreeDecoder(lm, int(s.max_new_tokens))
+                decoder = ProgressiveTreeDecoder(lm, int(s.max_new_tokens), sampling=sampling)
             else:
                 matrix = self.matrix_for(lm, int(s.k), s.hot_start)
                 planner = self.planner_for(lm, int(s.k), s.hot_start) if s.tree == "auto" else None
                 decoder = TokenRecyclingDecoder(lm, tree=s.tree, k=int(s.k), matrix=matrix, planner=planner,
-                                                max_new_tokens=int(s.max_new_tokens), lookup=int(s.lookup))
-            race = Race(decoder, GreedyDecoder(lm, int(s.max_new_tokens)))
+                                                max_new_tokens=int(s.max_new_tokens), lookup=int(s.lookup),
+                                                sampling=sampling)
+            race = Race(decoder, GreedyDecoder(lm, int(s.max_new_tokens), sampling=sampling))
             race.start(lm.encode_prompt(prompt))
         except (DecodeError, TreeError, ValueError, OSError) as err:
             raise UserError(str(err)) from None
@@ -157,7 +172,8 @@ class Session:
                 heatmap_figure(step, text_of),
                 output_html(race.decoder.steps if race else [], text_of),
                 counters_html(race.figures() if race and step else None,
-                              "Progressive Tree Drafting" if race and race.decoder.method == "ptd" else "Token Recycling"),
+                              "Progressive Tree Drafting" if race and race.decoder.method == "ptd" else "Token Recycling",
+                              sampled=bool(race and race.decoder.sampling)),
                 charts_figure([len(s.committed) for s in race.decoder.steps] if race else [],
                               race.speedups if race else [],
                               max_len=race.decoder.lookahead if race else 7),

@@ -73,8 +73,9 @@ def tree_figure(step: Step | None, token_text, title: str = "") -> go.Figure:
             p = parents[i]
             choice = step.model_choices[p] if p < len(step.model_choices) else None
             verdict = "accepted" if i in accepted else "rejected"
+            what = "token sampled" if step.sampled else "model's choice"
             hover = (f"<b>{visible(text, 30)}</b> (id {tok}) — {verdict}<br>depth {depths[i]}, rank {t.ranks[i]} "
-                     f"under its parent, from {sources[i]}<br>model's choice after the parent: "
+                     f"under its parent, from {sources[i]}<br>{what} after the parent: "
                      f"{visible(token_text(choice), 30) if choice is not None else '?'}")
         hovers.append(hover)
     order = sorted(range(len(kinds)), key=lambda j: kinds[j] != "rejected")  # rejected drawn first
@@ -95,7 +96,13 @@ def tree_figure(step: Step | None, token_text, title: str = "") -> go.Figure:
             x=[bonus_pos[0]], y=[bonus_pos[1]], mode="markers+text", text=[visible(token_text(bonus), 10)],
             textposition="bottom center", marker=dict(size=18, symbol="star", color=COLORS["bonus"]),
             hovertext=[f"<b>bonus</b> {visible(token_text(bonus), 30)} (id {bonus})<br>the model's own next "
-                       f"token after the accepted path"], hoverinfo="text"))
+                       f"token after the accepted path" + (" (sampled; no child matched it)" if step.sampled else "")],
+            hoverinfo="text"))
+    if step.sampled and len(step.accepted_path) > 1:  # the draw at each level, on the path it chose
+        xs_ = [pos[i][0] for i in step.accepted_path[1:]]
+        ys2 = [pos[i][1] for i in step.accepted_path[1:]]
+        fig.add_trace(go.Scatter(x=xs_, y=ys2, mode="markers", hoverinfo="skip",
+                                 marker=dict(size=26, symbol="circle-open", color=COLORS["bonus"], line_width=2)))
     return fig
 
 

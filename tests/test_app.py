@@ -61,6 +61,24 @@ def test_ptd_session_draws_both_trees(hub):
         Session().step(hub, PROMPT, settings(method="medusa"), cap=256)
 
 
+def test_sampling_session_races_plain_sampling(hub):
+    sess = Session()
+    for _ in range(2):
+        sess.step(hub, PROMPT, settings(tree="tr-16", temperature=0.8, top_p=0.9, seed=3), cap=256)
+    tree_fig, _, _, _, counters, _, _ = sess.views()
+    step = sess.race.decoder.steps[-1]
+    assert step.sampled and sess.race.greedy.sampling == sess.race.decoder.sampling
+    assert "Plain sampling" in counters and "same distribution" in counters
+    assert any("sampled" in str(h) for t in tree_fig.data for h in (t.hovertext or []))
+    first = list(sess.race.decoder.output)
+    again = Session()
+    for _ in range(2):
+        again.step(hub, PROMPT, settings(tree="tr-16", temperature=0.8, top_p=0.9, seed=3), cap=256)
+    assert again.race.decoder.output == first  # same seed and settings, same text
+    with pytest.raises(UserError, match="top_p"):
+        Session().step(hub, PROMPT, settings(temperature=0.8, top_p=0), cap=256)
+
+
 def test_run_to_end_is_identical_to_greedy(hub):
     sess = Session()
     sess.step(hub, PROMPT, settings(tree="tr-16"), cap=256)

@@ -56,3 +56,27 @@ def test_bench_command_reports_bad_input(tmp_path, capsys):
     bad = tmp_path / "bad.jsonl"
     bad.write_text("{not json\n")
     assert main(["--prompts", str(bad)]) == 2
+
+
+def test_bench_runs_ptd_second_turns_and_sampling(tmp_path, tiny_lm, capsys):
+    folder = tmp_path / "tiny"
+    tiny_lm.model.save_pretrained(folder)
+    tiny_lm.tokenizer.save_pretrained(folder)
+    f = tmp_path / "q.jsonl"
+    f.write_text("\n".join(json.dumps(r) for r in [
+        {"question_id": "1", "category": "writing", "turns": ["w5 w9 w14", "w30 w31 w32"]},
+        {"question_id": "2", "category": "qa", "turns": ["w7 w8 w7 w8"]}]))
+    out = tmp_path / "out.json"
+    common = ["--prompts", str(f), "--max-new-tokens", "10", "--model", str(folder), "--quiet", "--json", str(out)]
+    assert main([*common, "--methods", "greedy,ptd,ptd:8x8,tr", "--turns", "2"]) == 0
+    methods = json.loads(out.read_text())["methods"]
+    assert list(methods) == ["greedy", "ptd", "ptd:8x8", "tr"]
+    for m in methods.values():
+        assert m["prompts"] == 3 and m["identical"] == 1.0  # two turns of question 1 + question 2
+    assert main([*common, "--methods", "tr,ptd,pld", "--temperature", "0.7", "--top-p", "0.9"]) == 0
+    summary = json.loads(out.read_text())
+    assert list(summary["methods"]) == ["sample", "tr", "ptd", "pld"]
+    assert all(m["identical"] is None for m in summary["methods"].values())
+    assert summary["meta"]["sampling"]["temperature"] == 0.7
+    assert "n/a" in capsys.readouterr().out
+    assert main([*common, "--methods", "tr", "--temperature", "0.5", "--top-p", "2"]) == 2

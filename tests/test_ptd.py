@@ -121,3 +121,12 @@ def test_ptd_step_record_shows_verified_and_draft_trees(tiny_lm):
         saw_candidates |= verified.size > 0
         saw_new |= "new" in draft.sources
     assert saw_candidates and saw_new
+
+
+def test_ptd_state_starts_afresh_for_every_prompt(tiny_lm):
+    dec = ProgressiveTreeDecoder(tiny_lm, max_new_tokens=20)
+    dec.generate(PROMPTS[2])
+    assert len(dec.tries) > 0
+    dec.start([7])  # a one-token prompt has no prefill, but still a fresh state
+    assert len(dec.tries) == 0 and {b.token for b in dec.forest.branches} == {7}
+    assert dec.generate([7]) == reference_greedy(tiny_lm, [7], 20)

@@ -11,6 +11,7 @@ import torch
 
 from ..decoders.recycling import default_tree_name
 from ..models import ModelLoadError, load_model
+from ..sampling import SamplingConfig
 from ..trees import TreeError
 from .data import load_prompts
 from .harness import parse_methods, run_benchmark
@@ -39,6 +40,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--csv", default=None, help="write one row per method and category here")
     ap.add_argument("--chart", default=None, help="write a speedup chart here (.html, and .png with kaleido)")
     ap.add_argument("--no-group", action="store_true", help="keep MT-bench's eight subcategories apart")
+    ap.add_argument("--temperature", type=float, default=0.0,
+                    help="0 = greedy (default); above 0: lossless sampling for every method, baseline plain sampling")
+    ap.add_argument("--top-p", type=float, default=1.0)
+    ap.add_argument("--top-k", type=int, default=0)
+    ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--turns", type=int, choices=(1, 2), default=1,
                     help="2: also run second turns (MT-bench), after greedy's first answer")
     ap.add_argument("--no-prepack", action="store_true",
@@ -51,13 +57,15 @@ def main(argv: list[str] | None = None) -> int:
         prompts = load_prompts(args.prompts, args.limit, group=not args.no_group)
         if not prompts:
             ap.error(f"no prompts in {args.prompts}")
+        sampling = (SamplingConfig(args.temperature, args.top_p, args.top_k, args.seed)
+                    if args.temperature > 0 else None)
         lm = load_model(args.model, args.device, args.dtype, prepack=not args.no_prepack)
-        specs = parse_methods(args.methods, lm, args.tree, args.k, args.lookup)
+        specs = parse_methods(args.methods, lm, args.tree, args.k, args.lookup, sampling)
     except (OSError, ValueError, ModelLoadError, TreeError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     runs = run_benchmark(lm, prompts, specs, args.max_new_tokens, args.warmup, progress=not args.quiet,
-                         turns=args.turns)
+                         turns=args.turns, compare=sampling is None)
     import transformers
 
     meta = {"model": lm.name, "device": str(lm.device), "dtype": str(lm.dtype).replace("torch.", ""),
@@ -65,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
             "torch": torch.__version__, "transformers": transformers.__version__,
             "machine": f"{platform.machine()} {platform.processor() or ''} threads={torch.get_num_threads()}".strip(),
             "prompts_file": str(args.prompts), "limit": args.limit, "max_new_tokens": args.max_new_tokens,
-            "turns": args.turns, "matrix_shape": [lm.vocab_size, args.k],
+            "turns": args.turns, "sampling": None if sampling is None else vars(sampling), "matrix_shape": [lm.vocab_size, args.k],
             "matrix_bytes": lm.vocab_size * args.k * 4,
             "trees": {s.name: s.tree for s in specs if s.tree}, "default_tree": default_tree_name(lm.device)}
     summary = summarize(runs, meta)

@@ -13,6 +13,7 @@ from ..decoders.base import Decoder
 from ..matrix import AdjacencyMatrix
 from ..models import LoadedModel
 from ..ptd import PTDConfig
+from ..sampling import SamplingConfig
 from .data import BenchPrompt
 from .peers import HFPromptLookup
 
@@ -35,14 +36,15 @@ class Run:
     new_tokens: int
     seconds: float
     steps: int
-    identical: bool
+    identical: bool | None  # None: not compared (sampling)
     first_mismatch: int | None = None
     forward_tokens: int = 0
     phases: dict[str, float] = field(default_factory=dict)
     turn: int = 1
 
 
-def _tr_spec(name: str, lm: LoadedModel, tree: str | None, k: int, lookup: int | None) -> MethodSpec:
+def _tr_spec(name: str, lm: LoadedModel, tree: str | None, k: int, lookup: int | None,
+             sampling: SamplingConfig | None = None) -> MethodSpec:
     """``tr`` (the device default), ``tr:TREE`` (the paper's method on TREE) or ``tr:TREE+pldN``."""
     matrix = AdjacencyMatrix(lm.vocab_size, k, lm.device, lm.fingerprint)  # hot start across prompts
     probe = TokenRecyclingDecoder(lm, tree=tree, matrix=matrix, lookup=lookup)
@@ -56,52 +58,56 @@ def _tr_spec(name: str, lm: LoadedModel, tree: str | None, k: int, lookup: int |
             planner.reset()
     return MethodSpec(name, lambda lm_, n: TokenRecyclingDecoder(lm_, tree=shape, matrix=matrix, lookup=lookup,
                                                                  planner=planner, max_new_tokens=n,
-                                                                 trace_rows=False),
+                                                                 trace_rows=False, sampling=sampling),
                       tree=("auto (cost-aware, from paper-80)" if planner else
                             f"{probe.tree.name} ({probe.tree.size} nodes)") + extra, reset=reset)
 
 
-def _ptd_spec(name: str, arg: str) -> MethodSpec:
-    """``ptd`` (the paper's defaults) or ``ptd:T,D`` (at most T candidates and D draft nodes a step)."""
+def _ptd_spec(name: str, arg: str, sampling: SamplingConfig | None = None) -> MethodSpec:
+    """``ptd`` (the paper's defaults) or ``ptd:TxD`` (at most T candidates and D draft nodes a step)."""
     config = PTDConfig()
     if arg:
         try:
-            config.trie_nodes, config.max_nodes = (int(x) for x in arg.split(","))
+            config.trie_nodes, config.max_nodes = (int(x) for x in arg.split("x"))
         except ValueError:
-            raise ValueError(f"Bad method {name!r}: use ptd:T,D with two numbers.") from None
+            raise ValueError(f"Bad method {name!r}: use ptd:TxD with two numbers, e.g. ptd:16x16.") from None
     label = f"trie<={config.trie_nodes}, draft<={config.max_nodes}, width {config.width}, depth {config.depth}"
-    return MethodSpec(name, lambda lm_, n: ProgressiveTreeDecoder(lm_, n, config), tree=label)
+    return MethodSpec(name, lambda lm_, n: ProgressiveTreeDecoder(lm_, n, config, sampling), tree=label)
 
 
 def parse_methods(text: str, lm: LoadedModel, tree: str | None = None, k: int = 8,
-                  lookup: int | None = None) -> list[MethodSpec]:
-    """``greedy,tr,tr:paper-80,tr:tr-16+pld10`` -> specs; greedy is always included and first."""
+                  lookup: int | None = None, sampling: SamplingConfig | None = None) -> list[MethodSpec]:
+    """``greedy,tr,tr:paper-80,tr:tr-16+pld10`` -> specs; the baseline is always included and first:
+    greedy, or plain sampling (``sample``) when ``sampling`` is given, with the same settings for all."""
     names = [m.strip() for m in text.split(",") if m.strip()]
-    specs = [MethodSpec("greedy", lambda lm_, n: GreedyDecoder(lm_, n))]
+    base_name = "greedy" if sampling is None else "sample"
+    specs = [MethodSpec(base_name, lambda lm_, n: GreedyDecoder(lm_, n, sampling))]
     for name in names:
         base, _, arg = name.partition(":")
-        if base == "greedy":
+        if base in ("greedy", "sample"):
             continue
         if base == "pld":
-            specs.append(MethodSpec("pld", lambda lm_, n: PromptLookupDecoder(lm_, n), tree="3..1-gram, 10 drafts"))
+            specs.append(MethodSpec("pld", lambda lm_, n: PromptLookupDecoder(lm_, n, sampling=sampling),
+                                    tree="3..1-gram, 10 drafts"))
             continue
         if base == "hf-pld":
-            specs.append(MethodSpec("hf-pld", lambda lm_, n: HFPromptLookup(lm_, n), tree="generate(prompt_lookup=10)"))
+            specs.append(MethodSpec("hf-pld", lambda lm_, n: HFPromptLookup(lm_, n, sampling=sampling),
+                                    tree="generate(prompt_lookup=10)"))
             continue
         if base == "ptd":
-            specs.append(_ptd_spec(name, arg))
+            specs.append(_ptd_spec(name, arg, sampling))
             continue
         if base == "tr" and not arg:
-            specs.append(_tr_spec(name, lm, tree, k, lookup))
+            specs.append(_tr_spec(name, lm, tree, k, lookup, sampling))
         elif base == "tr":
             shape, _, pld = arg.partition("+pld")
             try:
                 n = int(pld) if pld else 0
             except ValueError:
                 raise ValueError(f"Bad method {name!r}: use tr:TREE+pldN with N a number.") from None
-            specs.append(_tr_spec(name, lm, shape, k, n))
+            specs.append(_tr_spec(name, lm, shape, k, n, sampling))
         else:
-            raise ValueError(f"Unknown method {name!r}; known: greedy, tr, tr:TREE, tr:TREE+pldN, pld, hf-pld, ptd, ptd:T,D.")
+            raise ValueError(f"Unknown method {name!r}; known: greedy, tr, tr:TREE, tr:TREE+pldN, pld, hf-pld, ptd, ptd:TxD.")
     return specs
 
 
@@ -122,8 +128,11 @@ def _timed_generate(dec, ids: list[int]) -> tuple[list[int], float]:
 
 
 def run_benchmark(lm: LoadedModel, prompts: list[BenchPrompt], specs: list[MethodSpec], max_new_tokens: int,
-                  warmup: int = 1, progress: bool = True, turns: int = 1) -> list[Run]:
+                  warmup: int = 1, progress: bool = True, turns: int = 1, compare: bool = True) -> list[Run]:
     """Methods run one after another on each prompt (greedy first), prompt by prompt.
+
+    ``compare``: check every output against the first method's (greedy decoding is lossless);
+    off when sampling, where outputs differ by design and only their distribution is the same.
 
     ``turns`` = 2 also runs a question's second turn (MT-bench), after its first turn and greedy's
     answer to it, so every method sees the same conversation.
@@ -152,13 +161,13 @@ def run_benchmark(lm: LoadedModel, prompts: list[BenchPrompt], specs: list[Metho
                 out, secs = _timed_generate(dec, ids)
                 if reference is None:
                     reference = out
-                mismatch = _first_mismatch(out, reference)
+                mismatch = _first_mismatch(out, reference) if compare else None
                 phases: dict[str, float] = {}
                 for s in dec.steps:
                     for k, v in s.timings.items():
                         phases[k] = phases.get(k, 0.0) + v
                 runs.append(Run(spec.name, prompt.question_id, prompt.category, len(out), secs, len(dec.steps),
-                                mismatch is None, mismatch, sum(s.forward_tokens for s in dec.steps), phases,
+                                (mismatch is None) if compare else None, mismatch, sum(s.forward_tokens for s in dec.steps), phases,
                                 turn + 1))
             answers.append(lm.tokenizer.decode(reference, skip_special_tokens=True))
     return runs

@@ -7,19 +7,23 @@ from ..models import LoadedModel
 
 
 class HFPromptLookup:
-    """transformers' own ``generate(prompt_lookup_num_tokens=N)``: greedy, no step trace."""
+    """transformers' own ``generate(prompt_lookup_num_tokens=N)``: no step trace."""
 
     method = "hf-pld"
 
-    def __init__(self, lm: LoadedModel, max_new_tokens: int, num_tokens: int = 10):
+    def __init__(self, lm: LoadedModel, max_new_tokens: int, num_tokens: int = 10, sampling=None):
         self.lm, self.max_new_tokens, self.num_tokens = lm, max_new_tokens, num_tokens
+        self.sampling = sampling  # a tr_core.sampling.SamplingConfig, or None for greedy
         self.steps: list = []  # generate() does not expose its steps: MAT is not reported
         self.output: list[int] = []
 
     @torch.inference_mode()
     def generate(self, prompt_ids: list[int]) -> list[int]:
         x = torch.tensor([prompt_ids], device=self.lm.device)
-        out = self.lm.model.generate(x, attention_mask=torch.ones_like(x), do_sample=False,
+        mode = self.sampling.generate_kwargs() if self.sampling is not None else {"do_sample": False}
+        if self.sampling is not None:
+            torch.manual_seed(self.sampling.seed)
+        out = self.lm.model.generate(x, attention_mask=torch.ones_like(x), **mode,
                                      max_new_tokens=self.max_new_tokens, prompt_lookup_num_tokens=self.num_tokens,
                                      pad_token_id=self.lm.eos_token_ids[0] if self.lm.eos_token_ids else None)
         self.output = out[0, len(prompt_ids):].tolist()

@@ -17,12 +17,18 @@ def _figures(runs, greedy_tps: float | None) -> dict:
         "prompts": len(runs), "new_tokens": tokens, "seconds": round(secs, 4), "steps": steps,
         "tok_per_s": round(tps, 3), "mat": round(tokens / steps, 4) if steps else None,
         "speedup": round(tps / greedy_tps, 4) if greedy_tps else 1.0,
-        "identical": round(sum(r.identical for r in runs) / len(runs), 4) if runs else 0.0,
+        "identical": _identical(runs),
         "mean_forward_tokens": round(sum(r.forward_tokens for r in runs) / steps, 2) if steps else 0.0,
         "phase_share": {k: round(v / sum(phases.values()), 4) for k, v in phases.items()} if phases else {},
         "mismatches": [{"question_id": r.question_id, "first_position": r.first_mismatch}
-                       for r in runs if not r.identical],
+                       for r in runs if r.identical is False],
     }
+
+
+def _identical(runs) -> float | None:
+    """Fraction of runs equal to the baseline's output; None when sampling (outputs differ by design)."""
+    checked = [r.identical for r in runs if r.identical is not None]
+    return round(sum(checked) / len(checked), 4) if checked else None
 
 
 def summarize(runs, meta: dict | None = None) -> dict:
@@ -30,7 +36,8 @@ def summarize(runs, meta: dict | None = None) -> dict:
     by_method: dict[str, list] = defaultdict(list)
     for r in runs:
         by_method[r.method].append(r)
-    greedy = by_method.get("greedy", [])
+    # The baseline: plain greedy decoding, or plain sampling ("sample") when sampling.
+    greedy = by_method.get("greedy") or by_method.get("sample") or []
     cats = sorted({r.category for r in runs})
 
     def greedy_tps(cat=None):
@@ -54,6 +61,10 @@ def ordered_categories(summary: dict) -> list[str]:
 
     cats = {c for m in summary["methods"].values() for c in m["per_category"]}
     return [c for c in PAPER_ORDER if c in cats] + sorted(cats - set(PAPER_ORDER))
+
+
+def _percent(x: float | None) -> str:
+    return "n/a" if x is None else f"{x * 100:.0f}%"
 
 
 def write_csv(summary: dict, path) -> None:
@@ -105,7 +116,7 @@ def format_table(summary: dict) -> str:
     for name, m in methods.items():
         mat = f"{m['mat']:>7.2f}" if m["mat"] is not None else f"{'-':>7}"
         lines.append(f"{name:<22}{m['new_tokens']:>8}{m['seconds']:>10.2f}{m['tok_per_s']:>9.2f}"
-                     f"{mat}{m['speedup']:>8.2f}x{m['identical'] * 100:>10.0f}%")
+                     f"{mat}{m['speedup']:>8.2f}x{_percent(m['identical']):>11}")
     cats = ordered_categories(summary)
     if cats:
         lines += ["", "speedup (MAT) per category", f"{'category':<18}" + "".join(f"{n:>22}" for n in methods)]

@@ -36,9 +36,9 @@ class ProgressiveTreeDecoder(TreeDecoder):
         self.forest = DraftForest(self.config)
         self.tries = CandidateTries(self.config.trie_nodes, self.config.ngram)
 
-    def prefill(self, prefix: torch.Tensor) -> None:
-        """Prompt into the cache; the draft tree is seeded from the prompt, the tries start empty."""
-        super().prefill(prefix)
+    def start(self, prompt_ids) -> None:
+        """Prefill as usual; the draft tree is seeded from the prompt and the tries start empty."""
+        super().start(prompt_ids)
         self.forest.seed(self.prompt)
         self.tries = CandidateTries(self.config.trie_nodes, self.config.ngram)
 
