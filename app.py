@@ -14,6 +14,7 @@ import torch
 
 from components.model_hub import ModelHub
 from components.session import METHODS, Session, Settings, UserError
+from components.zerogpu import gpu_task
 from tr_core.decoders.recycling import default_lookup, default_tree_name
 from tr_core.models import EMBEDDED_LABEL, pick_device
 from tr_core.planner import cost_curve_for
@@ -38,7 +39,8 @@ def build_app(hub: ModelHub, cap: int = 256, default_tokens: int = 96) -> gr.Blo
     trees = ["auto"] + list_presets() + ["chain-4"]
 
     with gr.Blocks(title="Token Recycling, step by step") as demo:
-        session = gr.State(None, time_to_live=3600)
+        # Per-tab state, dropped (with its KV cache and matrix) an hour after last use or when the tab closes.
+        session = gr.State(None, time_to_live=3600, delete_callback=lambda sess: sess and sess.reset())
         gr.Markdown("## ♻️ Token Recycling, step by step\nWatch a lossless speculative decoder draft a tree "
                     "from recycled candidates, verify it in one forward pass, and race plain greedy decoding.")
         with gr.Row():
@@ -112,6 +114,7 @@ def build_app(hub: ModelHub, cap: int = 256, default_tokens: int = 96) -> gr.Blo
                 sess.reset()
             return render(sess, _error_text(err))
 
+        @gpu_task
         def do_step(prompt_, *args):
             *rest, sess = args
             sess = sess or Session()
@@ -121,6 +124,7 @@ def build_app(hub: ModelHub, cap: int = 256, default_tokens: int = 96) -> gr.Blo
             except Exception as err:
                 return failed(sess, err)
 
+        @gpu_task(duration=120)
         def do_run(prompt_, *args):
             *rest, sess = args
             sess = sess or Session()
@@ -173,6 +177,7 @@ def build_app(hub: ModelHub, cap: int = 256, default_tokens: int = 96) -> gr.Blo
             except UserError as err:
                 return render(sess, _error_text(err))
 
+        @gpu_task
         def warm_up(progress=gr.Progress()):
             progress(0.1, desc="Loading the model (about 15 s on a CPU)…")
             try:

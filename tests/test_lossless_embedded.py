@@ -1,4 +1,4 @@
-"""The method's promise on real weights: TR output ids == model.generate(do_sample=False)."""
+"""The methods' promise on real weights: TR and PTD output ids == model.generate(do_sample=False)."""
 import pytest
 
 from tr_core import AdjacencyMatrix, TokenRecyclingDecoder
@@ -41,3 +41,15 @@ def test_token_recycling_is_lossless(embedded_lm, references, tree, min_accepted
         accepted += sum(s.accepted_drafts for s in dec.steps)
         steps += len(dec.steps)
     assert accepted / steps > min_accepted, "drafts are hardly ever accepted: the matrix is not learning"
+
+
+def test_progressive_tree_drafting_is_lossless(embedded_lm, references):
+    """PTD with the paper's defaults: candidates verified with the draft tree riding along."""
+    from tr_core.decoders import ProgressiveTreeDecoder
+
+    candidates = 0
+    for prompt in PROMPTS:
+        dec = ProgressiveTreeDecoder(embedded_lm, NEW_TOKENS)
+        assert dec.generate(embedded_lm.encode_prompt(prompt)) == references[prompt], f"mismatch on {prompt!r}"
+        candidates += sum(s.tree.size for s in dec.steps)
+    assert candidates > 0, "the tries never offered a candidate: the harvest is not working"

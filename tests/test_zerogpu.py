@@ -1,0 +1,30 @@
+"""ZeroGPU: spaces.GPU when the package is there (both forms), the function unchanged when not."""
+import sys
+import types
+
+from components.zerogpu import gpu_task
+
+
+def f(x):
+    return x + 1
+
+
+def test_without_spaces_the_function_is_unchanged(monkeypatch):
+    monkeypatch.setitem(sys.modules, "spaces", None)  # import fails as if not installed
+    assert gpu_task(f) is f
+    assert gpu_task(duration=30)(f) is f
+
+
+def test_with_spaces_both_decorator_forms_are_used(monkeypatch):
+    calls = []
+
+    def GPU(fn=None, duration=None):  # noqa: N802 - the name spaces uses
+        def deco(g):
+            calls.append(duration)
+            return lambda *a: ("on gpu", g(*a))
+        return deco(fn) if fn is not None else deco
+
+    monkeypatch.setitem(sys.modules, "spaces", types.SimpleNamespace(GPU=GPU))
+    assert gpu_task(f)(1) == ("on gpu", 2)
+    assert gpu_task(duration=60)(f)(1) == ("on gpu", 2)
+    assert calls == [None, 60]
