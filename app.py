@@ -33,7 +33,9 @@ def _error_text(err: BaseException) -> str:
     return f"⚠️ Something went wrong ({type(err).__name__}: {err}); this session was reset."
 
 
-def build_app(hub: ModelHub, cap: int = 256, default_tokens: int = 96) -> gr.Blocks:
+def build_app(hub: ModelHub, cap: int = 256, default_tokens: int = 96, matrix_path: str | None = None) -> gr.Blocks:
+    """``matrix_path``: a hot-start matrix file shared on purpose: every session's matrix starts as
+    its own copy of it, and "Save matrix" writes it back (atomically)."""
     device = pick_device(hub.device)
     examples = json.loads((ASSETS / "examples.json").read_text())
     trees = ["auto"] + list_presets() + ["chain-4"]
@@ -115,9 +117,12 @@ def build_app(hub: ModelHub, cap: int = 256, default_tokens: int = 96) -> gr.Blo
             return render(sess, _error_text(err))
 
         @gpu_task
+        def new_session() -> Session:
+            return Session(start_file=matrix_path)
+
         def do_step(prompt_, *args):
             *rest, sess = args
-            sess = sess or Session()
+            sess = sess or new_session()
             try:
                 sess.step(hub, prompt_, settings(*rest), cap)
                 return render(sess)
@@ -127,7 +132,7 @@ def build_app(hub: ModelHub, cap: int = 256, default_tokens: int = 96) -> gr.Blo
         @gpu_task(duration=120)
         def do_run(prompt_, *args):
             *rest, sess = args
-            sess = sess or Session()
+            sess = sess or new_session()
             try:
                 sess.step(hub, prompt_, settings(*rest), cap)
                 yield render(sess)
@@ -150,27 +155,28 @@ def build_app(hub: ModelHub, cap: int = 256, default_tokens: int = 96) -> gr.Blo
                     gr.Button(value="⏸ Pause" if start else "▶ Play"))
 
         def do_reset(sess):
-            sess = sess or Session()
+            sess = sess or new_session()
             sess.reset()
             return (*render(sess, "Reset."), gr.Timer(active=False), gr.Button(value="▶ Play"))
 
         def do_reset_matrix(sess):
-            sess = sess or Session()
+            sess = sess or new_session()
             if sess.matrix is not None:
                 sess.matrix.reset()
             return render(sess, "The matrix is back to zeros: drafts start from token 0 until rows fill.")
 
         def do_save(sess):
-            sess = sess or Session()
+            sess = sess or new_session()
             try:
                 path = sess.save_matrix()
-                return sess, gr.File(value=path, visible=True), "Matrix saved: download it below."
+                where = f" and to {matrix_path}, which new sessions start from" if matrix_path else ""
+                return sess, gr.File(value=path, visible=True), f"Matrix saved{where}: download it below."
             except UserError as err:
                 return sess, gr.File(visible=False), _error_text(err)
 
         def do_load(file, *args):
             *rest, sess = args
-            sess = sess or Session()
+            sess = sess or new_session()
             try:
                 sess.load_matrix(hub, file if isinstance(file, str) else file.name, settings(*rest))
                 return render(sess, "Matrix loaded: the next step drafts from it.")
@@ -215,9 +221,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--port", type=int, default=int(env("GRADIO_SERVER_PORT", "7860")))
     ap.add_argument("--max-new-tokens-cap", type=int, default=int(env("TR_MAX_NEW_TOKENS", "256")))
     ap.add_argument("--queue-size", type=int, default=int(env("TR_QUEUE_SIZE", "64")))
+    ap.add_argument("--matrix", default=env("TR_MATRIX"),
+                    help="hot-start matrix file shared by all sessions (each starts from a copy; Save writes it)")
     args = ap.parse_args(argv)
     hub = ModelHub(args.device, args.dtype, default=args.model)
-    demo = build_app(hub, cap=args.max_new_tokens_cap)
+    demo = build_app(hub, cap=args.max_new_tokens_cap, matrix_path=args.matrix)
     serve(demo, args.host, args.port, args.queue_size)
 
 

@@ -69,16 +69,31 @@ class Session:
     started_with: tuple | None = None
     prompt: str = ""
     message: str = ""
+    start_file: str | None = None  # a saved matrix every new matrix of this session starts from (TR_MATRIX)
+    notice: str = ""  # said once with the next status message
 
     # ---- lifecycle -------------------------------------------------------------------------
     def matrix_for(self, lm: LoadedModel, k: int, hot_start: bool) -> AdjacencyMatrix:
         m = self.matrix
         if m is None or m.fingerprint != lm.fingerprint or m.k != k or str(m.table.device) != str(lm.device):
-            m = AdjacencyMatrix(lm.vocab_size, k, lm.device, lm.fingerprint)
+            m = self.fresh_matrix(lm, k)
         elif not hot_start:
             m.reset()
         self.matrix = m
         return m
+
+    def fresh_matrix(self, lm: LoadedModel, k: int) -> AdjacencyMatrix:
+        """Zeros, or this session's own copy of the server's hot-start file when there is a good one."""
+        if self.start_file and Path(self.start_file).is_file():
+            try:
+                m = AdjacencyMatrix.load(self.start_file, lm.fingerprint, lm.vocab_size, lm.device)
+                if m.k == k:
+                    self.notice = f"Matrix: hot start from the server's file ({Path(self.start_file).name}). "
+                    return m
+                self.notice = f"Matrix file has k={m.k}, not {k}: starting from zeros. "
+            except MatrixFileError as err:
+                self.notice = f"⚠️ The server's matrix file was not used ({err}); starting from zeros. "
+        return AdjacencyMatrix(lm.vocab_size, k, lm.device, lm.fingerprint)
 
     def planner_for(self, lm: LoadedModel, k: int, hot_start: bool) -> TreePlanner:
         if self.planner is None or self.planner.cost is not lm.cost_curve or self.planner.k != k:
@@ -126,18 +141,23 @@ class Session:
     def advance(self) -> None:
         """One step of the current race."""
         self.race.step()
-        self.message = "Done: end of text or token budget reached." if self.race.done else ""
+        self.message = self.notice + ("Done: end of text or token budget reached." if self.race.done else "")
+        self.notice = ""
 
     def reset(self) -> None:
         self.race, self.started_with, self.message = None, None, ""
 
     # ---- matrix file --------------------------------------------------------------------
     def save_matrix(self, folder: str | None = None) -> str:
+        """Write the matrix for download (and to the server's hot-start file, when there is one);
+        written to a temporary file and renamed, so a crash never leaves half a file."""
         if self.matrix is None or self.race is None:
             raise UserError("There is no matrix yet: decode something first.")
         lm = self.race.decoder.lm
         path = Path(tempfile.mkdtemp(dir=folder)) / "token_recycling_matrix.safetensors"
         self.matrix.save(path, model_name=lm.name)
+        if self.start_file:
+            self.matrix.save(self.start_file, model_name=lm.name)
         return str(path)
 
     def load_matrix(self, hub: ModelHub, path: str, s: Settings) -> None:

@@ -108,7 +108,18 @@ def test_changed_prompt_or_settings_start_a_new_race(hub):
     (PROMPT, {"max_new_tokens": 0}, "between 1 and 256"),
     (PROMPT, {"max_new_tokens": 999}, "between 1 and 256"),
     (PROMPT, {"model": "no-such-org/no-such-model"}, "Could not load"),
+    (PROMPT, {"max_new_tokens": -3}, "between 1 and 256"),
     (PROMPT, {"tree": "no-such-tree"}, "Unknown tree"),
+    (PROMPT, {"tree": "[[0], [0]]"}, "uplicate"),
+    (PROMPT, {"tree": "[[0, 1]]"}, "parent"),
+    (PROMPT, {"tree": "[[0], [0, 0], [0, 0, 0], [0, 0, 0, 0], [0, 0, 0, 0, 0], [0, 0, 0, 0, 0, 0], "
+                      "[0, 0, 0, 0, 0, 0, 0], [0, 0, 0, 0, 0, 0, 0, 0], [0, 0, 0, 0, 0, 0, 0, 0, 0], "
+                      "[0, 0, 0, 0, 0, 0, 0, 0, 0, 0], [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0], "
+                      "[0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0], [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0], "
+                      "[0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0], [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0], "
+                      "[0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0], "
+                      "[0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]]"}, "deep"),
+    (PROMPT, {"tree": "{not json"}, "not valid JSON"),
 ])
 def test_bad_input_is_a_message(hub, prompt, kw, message):
     with pytest.raises(UserError, match=message):
@@ -182,3 +193,19 @@ def test_run_to_end_through_gradio_client(launched):
     ptd = client.predict("Name a fruit.", EMBEDDED_LABEL, "auto", 8, 10, True, True,
                          "Progressive Tree Drafting (PTD)", api_name="/do_run")
     assert "Done" in ptd[-1] and "Progressive Tree Drafting" in ptd[4] and "identical to greedy" in ptd[4]
+
+
+def test_server_hot_start_file(hub, tmp_path):
+    shared = tmp_path / "shared.safetensors"
+    first = Session(start_file=str(shared))
+    first.step(hub, PROMPT, settings(tree="tr-16"), cap=256)  # no file yet: zeros
+    first.save_matrix(folder=str(tmp_path))  # writes the shared file too, atomically
+    assert shared.is_file() and not list(tmp_path.glob("*.tmp*"))
+    second = Session(start_file=str(shared))
+    second.step(hub, PROMPT, settings(tree="tr-16"), cap=256)
+    assert "hot start from the server's file" in second.message
+    assert second.matrix is not first.matrix  # its own copy: what it learns stays in the session
+    shared.write_bytes(shared.read_bytes()[:100])  # truncated, as after a crash of something else
+    third = Session(start_file=str(shared))
+    third.step(hub, PROMPT, settings(tree="tr-16"), cap=256)
+    assert "was not used" in third.message and int(third.matrix.table.count_nonzero()) > 0

@@ -214,10 +214,18 @@ def tree_prior(name: str) -> dict[tuple[int, ...], float] | None:
 
 
 def load_tree(spec: str | Path | list, k: int | None = None) -> TreeShape:
-    """A tree from a preset name, a JSON file (``{"nodes": [...]}`` or a bare list) or a list of paths."""
+    """A tree from a preset name, a JSON file (``{"nodes": [...]}`` or a bare list), JSON text of the
+    same (what a user types into the app) or a list of paths."""
     if isinstance(spec, (list, tuple)):
         return TreeShape.from_paths(spec, k=k)
-    spec = str(spec)
+    spec = str(spec).strip()
+    if spec[:1] in "[{" and spec:
+        try:
+            data = json.loads(spec)
+        except json.JSONDecodeError as err:
+            raise TreeError(f"The tree is not valid JSON: {err}") from None
+        nodes = data.get("nodes") if isinstance(data, dict) else data
+        return TreeShape.from_paths(nodes, name=data.get("name", "custom") if isinstance(data, dict) else "custom", k=k)
     if spec.startswith("chain-"):
         try:
             n = int(spec.split("-", 1)[1])
