@@ -4,6 +4,7 @@ from __future__ import annotations
 import socket
 
 import pytest
+import torch
 
 from components.model_hub import ModelHub
 from components.session import Session, Settings, UserError
@@ -209,3 +210,42 @@ def test_server_hot_start_file(hub, tmp_path):
     third = Session(start_file=str(shared))
     third.step(hub, PROMPT, settings(tree="tr-16"), cap=256)
     assert "was not used" in third.message and int(third.matrix.table.count_nonzero()) > 0
+
+
+def test_model_that_fails_to_load_is_a_message(hub, tmp_path):
+    broken = tmp_path / "broken-model"
+    broken.mkdir()
+    (broken / "config.json").write_text("{ this is not json")
+    with pytest.raises(UserError, match="Could not load"):
+        Session().step(hub, PROMPT, settings(model=str(broken)), cap=256)
+
+
+class _OutOfMemoryModel(torch.nn.Module):
+    """Stands in for a model whose forward exhausts the device's memory."""
+
+    def __init__(self, inner):
+        super().__init__()
+        self.inner, self.config = inner, inner.config
+
+    def forward(self, *args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
+
+
+def test_out_of_memory_is_a_message_and_the_session_is_reset(embedded_lm):
+    import dataclasses
+
+    from gradio_client import Client
+
+    from app import build_app, serve
+
+    lm = dataclasses.replace(embedded_lm, model=_OutOfMemoryModel(embedded_lm.model))
+    demo = build_app(ModelHub(loaded={"embedded": lm}))
+    port = free_port()
+    serve(demo, "127.0.0.1", port, prevent_thread_lock=True, quiet=True)
+    try:
+        out = Client(f"http://127.0.0.1:{port}/", verbose=False).predict(
+            PROMPT, EMBEDDED_LABEL, "tr-16", 8, 16, True, True, "Token Recycling (TR)", api_name="/do_step")
+        assert "ran out of memory" in out[-1] and "reset" in out[-1]
+        assert "Counters appear after the first step" in out[4]  # the session was reset
+    finally:
+        demo.close()
