@@ -91,6 +91,9 @@ def test_concurrent_sessions_are_isolated_and_memory_is_stable(embedded_lm):
         for i in range(SESSIONS):
             assert texts[i] == alone(hub, i), f"session {i} saw something other than it would alone"
         print(f"\nload: {SESSIONS} sessions x {STEPS} steps, RSS {before:.0f} -> {after:.0f} MB")
-        assert after - before < 400, f"memory grew by {after - before:.0f} MB"
+        # The sessions are still alive (an hour's time-to-live): each holds two KV caches, its step
+        # records and its matrix, and the allocator keeps an arena per server thread.
+        per_session = (after - before) / SESSIONS
+        assert per_session < 80, f"memory grew by {after - before:.0f} MB, {per_session:.0f} MB a session"
     finally:
         demo.close()
