@@ -61,3 +61,13 @@ def reference_greedy(lm, ids: list[int], max_new_tokens: int) -> list[int]:
         out = lm.model.generate(x, attention_mask=torch.ones_like(x), do_sample=False,
                                 max_new_tokens=max_new_tokens, pad_token_id=lm.eos_token_ids[0])
     return out[0, len(ids):].tolist()
+
+
+def decode_losslessly(lm, make, prompts, max_new_tokens: int) -> list:
+    """Run ``make()`` (a fresh decoder) on each prompt, assert its output is greedy's; the decoders."""
+    decoders = []
+    for ids in prompts:
+        dec = make()
+        assert dec.generate(ids) == reference_greedy(lm, ids, max_new_tokens), f"mismatch on {ids}"
+        decoders.append(dec)
+    return decoders
