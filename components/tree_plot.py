@@ -42,6 +42,10 @@ def tree_figure(step: Step | None, token_text, title: str = "") -> go.Figure:
     accepted = set(step.accepted_path)
     last = step.accepted_path[-1]
     bonus_pos = (pos[last][0] + 0.1, pos[last][1] - gap * 0.45)  # between rows, clear of its parent's label
+    xs_all = [x for x, _ in pos.values()] + [bonus_pos[0]]
+    if max(xs_all) - min(xs_all) < 1.0:  # a chain or a tiny tree: keep the star close, not at the far edge
+        mid = (max(xs_all) + min(xs_all)) / 2
+        fig.update_xaxes(range=[mid - 0.6, mid + 0.6])
 
     def edge_trace(edges, color, width, dash=None):
         xs, ys_ = [], []
