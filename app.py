@@ -33,16 +33,25 @@ def _error_text(err: BaseException) -> str:
     return f"⚠️ Something went wrong ({type(err).__name__}: {err}); this session was reset."
 
 
-def build_app(hub: ModelHub, cap: int = 256, default_tokens: int = 96, matrix_path: str | None = None) -> gr.Blocks:
+def build_app(hub: ModelHub, cap: int = 256, default_tokens: int = 96, matrix_path: str | None = None,
+              on_session_end=None) -> gr.Blocks:
     """``matrix_path``: a hot-start matrix file shared on purpose: every session's matrix starts as
-    its own copy of it, and "Save matrix" writes it back (atomically)."""
+    its own copy of it, and "Save matrix" writes it back (atomically).  ``on_session_end(session)``
+    is called after a session's state is freed (tests, monitoring)."""
     device = pick_device(hub.device)
     examples = json.loads((ASSETS / "examples.json").read_text())
     trees = ["auto"] + list_presets() + ["chain-4"]
 
     with gr.Blocks(title="Token Recycling, step by step") as demo:
         # Per-tab state, dropped (with its KV cache and matrix) an hour after last use or when the tab closes.
-        session = gr.State(None, time_to_live=3600, delete_callback=lambda sess: sess and sess.reset())
+        def end_session(sess: Session | None) -> None:
+            if sess is not None:
+                sess.reset()
+                sess.matrix = sess.planner = None
+            if on_session_end is not None:
+                on_session_end(sess)
+
+        session = gr.State(None, time_to_live=3600, delete_callback=end_session)
         gr.Markdown("## ♻️ Token Recycling, step by step\nWatch a lossless speculative decoder draft a tree "
                     "from recycled candidates, verify it in one forward pass, and race plain greedy decoding.")
         with gr.Row():

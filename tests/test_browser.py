@@ -75,3 +75,49 @@ def test_browser_steps_draw_tree_heatmap_and_counters(launched, tmp_path):  # no
             assert target.stat().st_size > 10_000
         finally:
             browser.close()
+
+
+def test_closed_tab_mid_run_frees_its_session_and_the_server_goes_on(hub, monkeypatch):  # noqa: F811
+    """Gradio keeps a closed tab's state for an hour (so a visitor can come back), then deletes it and
+    our callback frees the decoders; its end-to-end test switch shortens that hour to a second."""
+    import threading
+    import time
+
+    from gradio_client import Client
+
+    from app import build_app, serve
+
+    from .test_app import PROMPT as SHORT
+    from .test_app import free_port
+
+    chromium = shutil.which("chromium")
+    if chromium is None:
+        pytest.skip("Debian's chromium is not installed (.ci/run installs it)")
+    from playwright.sync_api import expect, sync_playwright
+
+    monkeypatch.setenv("GRADIO_IS_E2E_TEST", "1")
+    ended = threading.Event()
+    freed = []
+    demo = build_app(hub, on_session_end=lambda sess: (freed.append(sess), ended.set()))
+    port = free_port()
+    serve(demo, "127.0.0.1", port, prevent_thread_lock=True, quiet=True)
+    try:
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=chromium, args=["--no-sandbox", "--disable-gpu"])
+            page = browser.new_page()
+            page.goto(f"http://127.0.0.1:{port}/")
+            expect(page.locator("#status")).to_contain_text("Ready", timeout=90_000)
+            page.locator("#prompt textarea").fill(PROMPT)
+            page.locator("#run").click()
+            expect(page.locator("#counters table.counters")).to_contain_text("speedup", timeout=60_000)
+            page.close()  # mid-run: the tab goes away
+            browser.close()
+        assert ended.wait(timeout=120), "the closed tab's session state was never freed"
+        sess = freed[0]
+        assert sess is None or (sess.race is None and sess.matrix is None)
+        t0 = time.time()
+        out = Client(f"http://127.0.0.1:{port}/", verbose=False).predict(
+            SHORT, "", "tr-16", 8, 8, True, True, "Token Recycling (TR)", api_name="/do_step")
+        assert "speedup" in out[4] and time.time() - t0 < 120  # the server goes on serving others
+    finally:
+        demo.close()
