@@ -125,10 +125,10 @@ def build_app(hub: ModelHub, cap: int = 256, default_tokens: int = 96, matrix_pa
                 sess.reset()
             return render(sess, _error_text(err))
 
-        @gpu_task
         def new_session() -> Session:
             return Session(start_file=matrix_path)
 
+        @gpu_task
         def do_step(prompt_, *args):
             *rest, sess = args
             sess = sess or new_session()

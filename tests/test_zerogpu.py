@@ -28,3 +28,21 @@ def test_with_spaces_both_decorator_forms_are_used(monkeypatch):
     assert gpu_task(f)(1) == ("on gpu", 2)
     assert gpu_task(duration=60)(f)(1) == ("on gpu", 2)
     assert calls == [None, 60]
+
+
+def test_the_app_puts_its_model_work_under_spaces_gpu(monkeypatch):
+    """Every handler that runs the model is wrapped, and nothing else."""
+    wrapped = []
+
+    def GPU(fn=None, duration=None):  # noqa: N802
+        def deco(g):
+            wrapped.append(g.__name__)
+            return g
+        return deco(fn) if fn is not None else deco
+
+    monkeypatch.setitem(sys.modules, "spaces", types.SimpleNamespace(GPU=GPU))
+    from app import build_app
+    from components.model_hub import ModelHub
+
+    build_app(ModelHub())
+    assert sorted(wrapped) == ["do_run", "do_step", "warm_up"]
