@@ -43,7 +43,8 @@ def build_app(hub: ModelHub, cap: int = 256, default_tokens: int = 96, matrix_pa
     trees = ["auto"] + list_presets() + ["chain-4"]
 
     with gr.Blocks(title="Token Recycling, step by step") as demo:
-        # Per-tab state, dropped (with its KV cache and matrix) an hour after last use or when the tab closes.
+        # Per-tab state; Gradio deletes it an hour after last use or an hour after the tab closes,
+        # and end_session then frees its decoders, KV caches and matrix.
         def end_session(sess: Session | None) -> None:
             if sess is not None:
                 sess.reset()

@@ -60,6 +60,6 @@ def _ptd_cells(step: Step, root: str, own: str, ms: dict, acc: int) -> str:
         ("accept", f"The longest candidate path matching the model's choices had <b>{acc}</b> token"
                    f"{'s' * (acc != 1)}; the model added <b>{own}</b>, so this step committed {len(step.committed)}."),
         ("expand", f"Every draft node gained the model's next token as a child ({fate['new']} new nodes, shown in "
-                   f"the draft-tree tab); {fate['pruned']} were pruned by width, depth or the root window, and the "
+                   f"the draft-tree tab); {fate['pruned']} were pruned by depth stepping or the root window, and the "
                    f"new paths went into the tries ({ms.get('expand', 0):.1f} ms)."),
     ])

@@ -160,7 +160,6 @@ class TreePlanner:
         """Back to the prior: no statistics, the initial plan."""
         self.stats = AcceptanceStats(self.universe, tree_prior(self.universe_name) or {})
         self.steps = 0
-        self.expected = 1.0
         self.tree, self.expected = plan_tree(self.universe, self.stats.estimate, self.cost)
         # expected extra tokens accepted from a prompt-lookup branch, by matched n-gram size
         self.lookup_gain = {1: 0.5, 2: 1.0, 3: 2.0}

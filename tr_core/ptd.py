@@ -25,7 +25,7 @@ Where the paper leaves a detail open, the choices above are ours and are documen
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 
 @dataclass
@@ -56,7 +56,6 @@ class FlatForest:
     tokens: list[int]
     parents: list[int]  # -1 for first-level branches
     depths: list[int]  # 1 for first-level branches
-    branch: list[int] = field(default_factory=list)  # index of each node's first-level branch
 
 
 class DraftForest:
@@ -83,20 +82,19 @@ class DraftForest:
             self.branches.append(head)
 
     def flatten(self) -> FlatForest:
-        tokens, parents, depths, nodes, branch = [], [], [], [], []
-        frontier = [(b, -1, 1, i) for i, b in enumerate(self.branches)]
+        tokens, parents, depths, nodes = [], [], [], []
+        frontier = [(b, -1, 1) for b in self.branches]
         while frontier:
             nxt = []
-            for node, parent, depth, b in frontier:
+            for node, parent, depth in frontier:
                 idx = len(nodes)
                 nodes.append(node)
                 tokens.append(node.token)
                 parents.append(parent)
                 depths.append(depth)
-                branch.append(b)
-                nxt += [(c, idx, depth + 1, b) for c in node.children]
+                nxt += [(c, idx, depth + 1) for c in node.children]
             frontier = nxt
-        return FlatForest(nodes, tokens, parents, depths, branch)
+        return FlatForest(nodes, tokens, parents, depths)
 
     def expand(self, flat: FlatForest, choices: list[int]) -> list[list[int]]:
         """Attach the model's argmax ``choices [n]`` (one per node of ``flat``) as children.
@@ -155,7 +153,8 @@ class CandidateTries:
         self.clock = 0
 
     def harvest(self, path: list[int]) -> None:
-        """Insert every n-gram of ``path`` that ends at its last token (shorter ones where the path is)."""
+        """Insert the n-gram ending at ``path``'s last token (shorter where the path is): keyed by its
+        first token, the rest as a path in that trie."""
         if len(path) < 2:
             return
         gram = path[-self.ngram:]

@@ -1,5 +1,6 @@
-"""What every tree-drafting decoder does after drafting: one forward with tree attention, greedy
-verification, pruning the KV cache to the accepted path, and the step record."""
+"""What every tree-drafting decoder does after drafting: one forward with tree attention,
+verification (greedy, or the lossless sampling walk), pruning the KV cache to the accepted path,
+and the step record."""
 from __future__ import annotations
 
 import torch
