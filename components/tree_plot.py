@@ -24,12 +24,27 @@ def tree_layout(parents: list[int], depths: list[int]) -> dict[int, tuple[float,
     return {i: (float(x), -float(depths[i])) for i, (x, _) in pos.items()}
 
 
-def tree_figure(step: Step | None, token_text, title: str = "") -> go.Figure:
-    """``token_text(id) -> str``.  Accepted path green, rejected dimmed, root blue, bonus token gold."""
+def blank_figure(title: str, uirevision: str) -> go.Figure:
+    """An empty tree panel: no axes, the title top left; ``uirevision`` keeps zoom across steps."""
     fig = go.Figure()
-    fig.update_layout(uirevision="tree", margin=dict(l=10, r=10, t=40, b=10), height=430,
+    fig.update_layout(uirevision=uirevision, margin=dict(l=10, r=10, t=40, b=10), height=430,
                       plot_bgcolor="white", showlegend=False, title=dict(text=title, x=0.01, font_size=14),
                       xaxis=dict(visible=False), yaxis=dict(visible=False))
+    return fig
+
+
+def edge_trace(edges, color: str, width: float, dash: str | None = None) -> go.Scatter:
+    """One line trace for many ``((x0, y0), (x1, y1))`` edges."""
+    xs, ys = [], []
+    for a, b in edges:
+        xs += [a[0], b[0], None]
+        ys += [a[1], b[1], None]
+    return go.Scatter(x=xs, y=ys, mode="lines", hoverinfo="skip", line=dict(color=color, width=width, dash=dash))
+
+
+def tree_figure(step: Step | None, token_text, title: str = "") -> go.Figure:
+    """``token_text(id) -> str``.  Accepted path green, rejected dimmed, root blue, bonus token gold."""
+    fig = blank_figure(title, "tree")
     if step is None:
         fig.add_annotation(text="Enter a prompt and press Step", showarrow=False, font_size=16)
         return fig
@@ -46,14 +61,6 @@ def tree_figure(step: Step | None, token_text, title: str = "") -> go.Figure:
     if max(xs_all) - min(xs_all) < 1.0:  # a chain or a tiny tree: keep the star close, not at the far edge
         mid = (max(xs_all) + min(xs_all)) / 2
         fig.update_xaxes(range=[mid - 0.6, mid + 0.6])
-
-    def edge_trace(edges, color, width, dash=None):
-        xs, ys_ = [], []
-        for a, b in edges:
-            xs += [a[0], b[0], None]
-            ys_ += [a[1], b[1], None]
-        return go.Scatter(x=xs, y=ys_, mode="lines", hoverinfo="skip",
-                          line=dict(color=color, width=width, dash=dash))
 
     rejected_edges = [(pos[p], pos[i]) for i, p in enumerate(parents) if p >= 0 and i not in accepted]
     accepted_edges = [(pos[a], pos[b]) for a, b in zip(step.accepted_path, step.accepted_path[1:])]
@@ -115,22 +122,14 @@ FATE_COLORS = {"root": "#1f4e99", "kept": "#7f8c9a", "new": "#2e9d4f", "pruned":
 
 def draft_figure(step: Step | None, token_text, title: str = "") -> go.Figure:
     """PTD's evolving draft tree after a step: kept nodes grey, new children green, pruned ones red."""
-    fig = go.Figure()
-    fig.update_layout(uirevision="draft", margin=dict(l=10, r=10, t=40, b=10), height=430,
-                      plot_bgcolor="white", showlegend=False, title=dict(text=title, x=0.01, font_size=14),
-                      xaxis=dict(visible=False), yaxis=dict(visible=False))
+    fig = blank_figure(title, "draft")
     d = step.draft_tree if step is not None else None
     if d is None or len(d.tokens) < 2:
         fig.add_annotation(text="Choose the PTD method to see its evolving draft tree" if d is None
                            else "The draft tree is empty", showarrow=False, font_size=14)
         return fig
     pos = tree_layout(list(d.parents), list(d.depths))
-    xs, ys = [], []
-    for i, p in enumerate(d.parents):
-        if p >= 0:
-            xs += [pos[p][0], pos[i][0], None]
-            ys += [pos[p][1], pos[i][1], None]
-    fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", hoverinfo="skip", line=dict(color="#dde1e6", width=1)))
+    fig.add_trace(edge_trace([(pos[p], pos[i]) for i, p in enumerate(d.parents) if p >= 0], "#dde1e6", 1))
     fates = list(d.sources)
     words = {"root": "the step's root: first-level branches sit at its position",
              "kept": "kept from earlier steps", "new": "the model's argmax, attached this step",

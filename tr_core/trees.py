@@ -224,8 +224,7 @@ def load_tree(spec: str | Path | list, k: int | None = None) -> TreeShape:
             data = json.loads(spec)
         except json.JSONDecodeError as err:
             raise TreeError(f"The tree is not valid JSON: {err}") from None
-        nodes = data.get("nodes") if isinstance(data, dict) else data
-        return TreeShape.from_paths(nodes, name=data.get("name", "custom") if isinstance(data, dict) else "custom", k=k)
+        return _tree_from_json(data, "custom", k)
     if spec.startswith("chain-"):
         try:
             n = int(spec.split("-", 1)[1])
@@ -241,6 +240,11 @@ def load_tree(spec: str | Path | list, k: int | None = None) -> TreeShape:
         data = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
         raise TreeError(f"Cannot read tree file {str(path)!r}: {err}") from err
-    nodes = data.get("nodes") if isinstance(data, dict) else data
-    name = data.get("name", path.stem) if isinstance(data, dict) else path.stem
-    return TreeShape.from_paths(nodes, name=name, k=k)
+    return _tree_from_json(data, path.stem, k)
+
+
+def _tree_from_json(data, default_name: str, k: int | None) -> TreeShape:
+    """``{"name": ..., "nodes": [...]}`` or a bare list of rank paths."""
+    if isinstance(data, dict):
+        return TreeShape.from_paths(data.get("nodes"), name=data.get("name", default_name), k=k)
+    return TreeShape.from_paths(data, name=default_name, k=k)
