@@ -6,8 +6,9 @@ where greedy runs one. On a GPU the extra tokens are nearly free. On a CPU with 
 kernel to a matrix-matrix kernel that re-packs the whole weight matrix on every call: measured on
 the embedded model, the 49,152 x 576 output head takes 10 ms for one token and 18-23 ms for 2-16.
 With the weights reordered once into oneDNN's blocked layout (what ``torch.compile``'s CPU
-freezing pass does), the same head takes 5.6 ms for 1-8 tokens, and a whole forward goes from
-about 60 / 100 ms (1 / 8 tokens) to 55 / 64 ms. Greedy gets faster too; trees gain more.
+freezing pass does), the same head takes 5.6 ms for 1-8 tokens, and a whole forward over a
+128-token cache goes from 68 / 113 ms (1 / 8 tokens) to 49 / 54 ms (``CostCurve.measure``, README).
+Greedy gets faster too; trees gain more.
 
 The swap is an ordinary module replacement (like ``torch.ao`` dynamic quantisation): each
 ``nn.Linear`` becomes a :class:`PackedLinear` computing the same product with the same
