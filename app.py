@@ -12,6 +12,7 @@ from pathlib import Path
 import gradio as gr
 import torch
 
+from components.memory import release_freed_memory
 from components.model_hub import ModelHub
 from components.session import METHODS, Session, Settings, UserError
 from components.zerogpu import gpu_task
@@ -43,14 +44,21 @@ def build_app(hub: ModelHub, cap: int = 256, default_tokens: int = 96, matrix_pa
     trees = ["auto"] + list_presets() + ["chain-4"]
 
     with gr.Blocks(title="Token Recycling, step by step") as demo:
-        # Per-tab state; Gradio deletes it an hour after last use or an hour after the tab closes,
-        # and end_session then frees its decoders, KV caches and matrix.
+        # Per-tab state.  A closed tab's session is freed at once by the unload event below (its
+        # decoders, KV caches and matrix); Gradio deletes the state object itself an hour later, or
+        # an hour after last use, and end_session runs again then (a no-op for a freed session).
+        live: dict[str, Session] = {}  # this app's sessions by browser session id
+
         def end_session(sess: Session | None) -> None:
-            if sess is not None:
-                sess.reset()
-                sess.matrix = sess.planner = None
-            if on_session_end is not None:
-                on_session_end(sess)
+            for key in [key for key, s in live.items() if s is sess]:
+                live.pop(key, None)
+            if sess is not None and sess.close():
+                release_freed_memory()
+                if on_session_end is not None:
+                    on_session_end(sess)
+
+        def on_unload(request: gr.Request) -> None:
+            end_session(live.get(request.session_hash))
 
         session = gr.State(None, time_to_live=3600, delete_callback=end_session)
         gr.Markdown("## ♻️ Token Recycling, step by step\nWatch a lossless speculative decoder draft a tree "
@@ -126,13 +134,16 @@ def build_app(hub: ModelHub, cap: int = 256, default_tokens: int = 96, matrix_pa
                 sess.reset()
             return render(sess, _error_text(err))
 
-        def new_session() -> Session:
-            return Session(start_file=matrix_path)
+        def new_session(request: gr.Request | None) -> Session:
+            sess = Session(start_file=matrix_path)
+            if request is not None and request.session_hash:
+                live[request.session_hash] = sess
+            return sess
 
         @gpu_task
-        def do_step(prompt_, *args):
+        def do_step(request: gr.Request, prompt_, *args):
             *rest, sess = args
-            sess = sess or new_session()
+            sess = sess or new_session(request)
             try:
                 sess.step(hub, prompt_, settings(*rest), cap)
                 return render(sess)
@@ -140,20 +151,20 @@ def build_app(hub: ModelHub, cap: int = 256, default_tokens: int = 96, matrix_pa
                 return failed(sess, err)
 
         @gpu_task(duration=120)
-        def do_run(prompt_, *args):
+        def do_run(request: gr.Request, prompt_, *args):
             *rest, sess = args
-            sess = sess or new_session()
+            sess = sess or new_session(request)
             try:
                 sess.step(hub, prompt_, settings(*rest), cap)
                 yield render(sess)
-                while not sess.race.done:
+                while not sess.closed and not sess.race.done:  # closed: its tab went away
                     sess.advance()
                     yield render(sess)
             except Exception as err:
                 yield failed(sess, err)
 
-        def do_tick(prompt_, *args):
-            out = do_step(prompt_, *args)
+        def do_tick(request: gr.Request, prompt_, *args):
+            out = do_step(request, prompt_, *args)
             sess = out[0]
             if sess.race is not None and not sess.race.done and not out[-1].startswith("⚠️"):
                 return (*out, gr.skip(), gr.skip())  # keep playing, unless Pause was pressed meanwhile
@@ -164,19 +175,19 @@ def build_app(hub: ModelHub, cap: int = 256, default_tokens: int = 96, matrix_pa
             return (gr.Timer(value=1.0 / float(steps_per_s), active=start),
                     gr.Button(value="⏸ Pause" if start else "▶ Play"))
 
-        def do_reset(sess):
-            sess = sess or new_session()
+        def do_reset(request: gr.Request, sess):
+            sess = sess or new_session(request)
             sess.reset()
             return (*render(sess, "Reset."), gr.Timer(active=False), gr.Button(value="▶ Play"))
 
-        def do_reset_matrix(sess):
-            sess = sess or new_session()
+        def do_reset_matrix(request: gr.Request, sess):
+            sess = sess or new_session(request)
             if sess.matrix is not None:
                 sess.matrix.reset()
             return render(sess, "The matrix is back to zeros: drafts start from token 0 until rows fill.")
 
-        def do_save(sess):
-            sess = sess or new_session()
+        def do_save(request: gr.Request, sess):
+            sess = sess or new_session(request)
             try:
                 path = sess.save_matrix()
                 where = f" and to {matrix_path}, which new sessions start from" if matrix_path else ""
@@ -184,9 +195,9 @@ def build_app(hub: ModelHub, cap: int = 256, default_tokens: int = 96, matrix_pa
             except UserError as err:
                 return sess, gr.File(visible=False), _error_text(err)
 
-        def do_load(file, *args):
+        def do_load(request: gr.Request, file, *args):
             *rest, sess = args
-            sess = sess or new_session()
+            sess = sess or new_session(request)
             try:
                 sess.load_matrix(hub, file if isinstance(file, str) else file.name, settings(*rest))
                 return render(sess, "Matrix loaded: the next step drafts from it.")
@@ -217,6 +228,7 @@ def build_app(hub: ModelHub, cap: int = 256, default_tokens: int = 96, matrix_pa
         save_btn.click(do_save, session, [session, matrix_file, status], **model_work)
         load_btn.upload(do_load, [load_btn, *settings_inputs, session], [session, *views, status], **model_work)
         demo.load(warm_up, None, status, **model_work)
+        demo.unload(on_unload)
         demo.load(lambda: render(Session())[1:-1], None, views)
     return demo
 

@@ -71,6 +71,7 @@ class Session:
     message: str = ""
     start_file: str | None = None  # a saved matrix every new matrix of this session starts from (TR_MATRIX)
     notice: str = ""  # said once with the next status message
+    closed: bool = False  # freed when its tab closed or its state expired
 
     # ---- lifecycle -------------------------------------------------------------------------
     def matrix_for(self, lm: LoadedModel, k: int, hot_start: bool) -> AdjacencyMatrix:
@@ -146,6 +147,14 @@ class Session:
 
     def reset(self) -> None:
         self.race, self.started_with, self.message = None, None, ""
+
+    def close(self) -> bool:
+        """Free what the session holds (decoders, KV caches, matrix, planner); True the first time."""
+        held = self.race is not None or self.matrix is not None or self.planner is not None
+        self.reset()
+        self.matrix = self.planner = None
+        was_open, self.closed = not self.closed, True
+        return was_open or held
 
     # ---- matrix file --------------------------------------------------------------------
     def save_matrix(self, folder: str | None = None) -> str:

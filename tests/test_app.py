@@ -249,3 +249,41 @@ def test_out_of_memory_is_a_message_and_the_session_is_reset(embedded_lm):
         assert "Counters appear after the first step" in out[4]  # the session was reset
     finally:
         demo.close()
+
+
+def test_busy_server_queues_with_positions_and_refuses_beyond_the_queue_size(hub):
+    """Model work is one concurrency group: while one visitor runs to the end, the next waits with
+    its place in the queue (Gradio shows "queue: N/M" on the waiting panels); past the queue's size a
+    visitor is told the queue is full instead of waiting forever."""
+    import time
+
+    from gradio_client import Client
+    from gradio_client.utils import QueueError, Status
+
+    from app import build_app, serve
+
+    demo = build_app(hub)
+    port = free_port()
+    serve(demo, "127.0.0.1", port, queue_size=2, prevent_thread_lock=True, quiet=True)
+    url = f"http://127.0.0.1:{port}/"
+    args = (PROMPT, EMBEDDED_LABEL, "tr-16", 8, 16, True, True, "Token Recycling (TR)")
+    try:
+        clients = [Client(url, verbose=False) for _ in range(4)]
+        running = clients[0].submit(*args[:4], 160, *args[5:], api_name="/do_run")
+        deadline = time.time() + 60
+        while running.status().code != Status.PROCESSING and time.time() < deadline:
+            time.sleep(0.05)
+        waiting = [c.submit(*args, api_name="/do_step") for c in clients[1:3]]
+        deadline = time.time() + 30
+        while time.time() < deadline and any(w.status().code != Status.IN_QUEUE for w in waiting):
+            time.sleep(0.05)
+        ranks = sorted(w.status().rank for w in waiting)
+        assert ranks == [0, 1], [w.status() for w in waiting]  # positions 1 and 2 behind the run
+        with pytest.raises(QueueError, match="Queue is full"):
+            clients[3].predict(*args, api_name="/do_step")
+        assert not running.done()  # all of this happened while the run held the model
+        for w in waiting:
+            assert "speedup" in w.result(timeout=300)[4]  # the queued visitors are served in turn
+        assert "identical to greedy" in running.result(timeout=300)[4]
+    finally:
+        demo.close()

@@ -77,9 +77,9 @@ def test_browser_steps_draw_tree_heatmap_and_counters(launched, tmp_path):  # no
             browser.close()
 
 
-def test_closed_tab_mid_run_frees_its_session_and_the_server_goes_on(hub, monkeypatch):  # noqa: F811
-    """Gradio keeps a closed tab's state for an hour (so a visitor can come back), then deletes it and
-    our callback frees the decoders; its end-to-end test switch shortens that hour to a second."""
+def test_closed_tab_mid_run_frees_its_session_and_the_server_goes_on(hub):  # noqa: F811
+    """The tab's unload event frees its session at once (decoders, KV caches, matrix); Gradio itself
+    would keep a closed tab's state for an hour."""
     import threading
     import time
 
@@ -95,7 +95,6 @@ def test_closed_tab_mid_run_frees_its_session_and_the_server_goes_on(hub, monkey
         pytest.skip("Debian's chromium is not installed (.ci/run installs it)")
     from playwright.sync_api import expect, sync_playwright
 
-    monkeypatch.setenv("GRADIO_IS_E2E_TEST", "1")
     ended = threading.Event()
     freed = []
     demo = build_app(hub, on_session_end=lambda sess: (freed.append(sess), ended.set()))
@@ -112,9 +111,9 @@ def test_closed_tab_mid_run_frees_its_session_and_the_server_goes_on(hub, monkey
             expect(page.locator("#counters table.counters")).to_contain_text("speedup", timeout=60_000)
             page.close()  # mid-run: the tab goes away
             browser.close()
-        assert ended.wait(timeout=120), "the closed tab's session state was never freed"
+        assert ended.wait(timeout=60), "the closed tab's session was not freed within a minute"
         sess = freed[0]
-        assert sess is None or (sess.race is None and sess.matrix is None)
+        assert sess.closed and sess.race is None and sess.matrix is None
         t0 = time.time()
         out = Client(f"http://127.0.0.1:{port}/", verbose=False).predict(
             SHORT, "", "tr-16", 8, 8, True, True, "Token Recycling (TR)", api_name="/do_step")

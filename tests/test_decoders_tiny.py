@@ -2,6 +2,7 @@
 import dataclasses
 
 import pytest
+import torch
 
 from tr_core import AdjacencyMatrix, DecodeError, GreedyDecoder, TokenRecyclingDecoder, load_tree
 from tr_core.trees import TreeShape
@@ -189,3 +190,22 @@ def test_auto_tree_respects_small_k_and_long_prompts_prefill_in_chunks(tiny_lm):
     assert max(max(p) for p in dec.planner.universe.paths) < 3
     ids = [2 + (i * 7) % 90 for i in range(300)]  # longer than one prefill chunk
     assert dec.generate(ids) == reference_greedy(tiny_lm, ids, 12)
+
+
+def test_prefill_seeds_the_matrix_from_each_tokens_last_occurrence(tiny_lm):
+    """Prefill computes the head only at each token's last occurrence; the matrix equals recycling
+    every prompt position's logits (where the last occurrence wins), across prefill chunks."""
+    from tr_core.decoders.recycling import last_occurrences
+
+    ids = [2 + (i * i * 7) % 60 for i in range(300)]  # repeats within and across 256-token chunks
+    prefix = torch.tensor(ids[:-1])
+    assert last_occurrences(torch.tensor([5, 3, 5, 2, 3])).tolist() == [False, False, True, True, True]
+    dec = TokenRecyclingDecoder(tiny_lm, tree="tr-16", max_new_tokens=4, lookup=0)
+    dec.start(ids)
+    with torch.inference_mode():
+        logits = tiny_lm.model(input_ids=prefix[None]).logits[0]  # [L, vocab], every position
+    reference = AdjacencyMatrix(tiny_lm.vocab_size, 8, "cpu", tiny_lm.fingerprint)
+    reference.recycle(prefix, logits, keep_old=False)
+    assert int(reference.table.count_nonzero()) > 0
+    assert torch.equal(dec.matrix.table, reference.table)
+    assert dec.generate(ids) == reference_greedy(tiny_lm, ids, 4)

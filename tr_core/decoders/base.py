@@ -115,8 +115,10 @@ class Decoder(ABC):
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None,
-                attention_mask: torch.Tensor | None = None, logits_to_keep: int = 0) -> torch.Tensor:
-        """One forward over ``input_ids [1, q]`` appending to the cache; returns ``logits [q', vocab]``."""
+                attention_mask: torch.Tensor | None = None,
+                logits_to_keep: int | torch.Tensor = 0) -> torch.Tensor:
+        """One forward over ``input_ids [1, q]`` appending to the cache; returns ``logits [q', vocab]``
+        (``logits_to_keep``: the last n positions, 0 = all, or a 1-D tensor of positions)."""
         if position_ids is None:
             past = self.cache_length
             position_ids = torch.arange(past, past + input_ids.shape[1], device=input_ids.device)[None]

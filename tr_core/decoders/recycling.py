@@ -72,11 +72,18 @@ class TokenRecyclingDecoder(TreeDecoder):
         self.lookahead = max(deepest, self.lookup) + 1
 
     def prefill(self, prefix: torch.Tensor, chunk: int = 256) -> None:
-        """Run the prompt and seed ``M`` from its logits (``prefix [L]``), in chunks so that the
-        logits of a long prompt (``[chunk, vocab]`` at a time) never fill memory."""
+        """Run the prompt and seed ``M`` from its logits (``prefix [L]``), in chunks of ``chunk``.
+
+        Only the last occurrence of each token can survive in ``M`` (last write wins), so the output
+        head and top-k run at those positions alone (``logits [u, vocab]``, ``u`` = distinct tokens):
+        the same matrix as seeding from every position, for about half the head's work."""
+        last = last_occurrences(prefix)  # [L] bool
         for s in range(0, prefix.shape[0], chunk):
-            part = prefix[s:s + chunk]
-            self.matrix.seed_from_prompt(part, self.forward(part[None]))
+            part, keep = prefix[s:s + chunk], last[s:s + chunk].nonzero().squeeze(1)
+            if keep.numel() == 0:
+                self.forward(part[None], logits_to_keep=1)
+                continue
+            self.matrix.seed_from_prompt(part[keep], self.forward(part[None], logits_to_keep=keep))
 
     @torch.inference_mode()
     def step(self) -> Step:
@@ -122,6 +129,15 @@ class TokenRecyclingDecoder(TreeDecoder):
         new = self.planner.record(shape, accepted, q, forward_seconds)
         if new is not None:
             self.set_tree(new)
+
+
+def last_occurrences(tokens: torch.Tensor) -> torch.Tensor:
+    """``[L] bool``: True where ``tokens[i]`` does not occur again later in ``tokens [L]``."""
+    n = tokens.shape[0]
+    pos = torch.arange(n, device=tokens.device)
+    latest = torch.full((int(tokens.max()) + 1,), -1, dtype=torch.long, device=tokens.device)
+    latest.scatter_reduce_(0, tokens, pos, reduce="amax")
+    return latest[tokens] == pos
 
 
 def default_lookup(device: torch.device) -> int:
