@@ -120,3 +120,35 @@ def test_closed_tab_mid_run_frees_its_session_and_the_server_goes_on(hub):  # no
         assert "speedup" in out[4] and time.time() - t0 < 120  # the server goes on serving others
     finally:
         demo.close()
+
+
+def test_two_tabs_at_once_the_second_sees_its_place_in_the_queue(launched):  # noqa: F811
+    """Two visitors at once: while the first runs to the end, the second's step waits in the model's
+    queue and its panels say so ("queue: 1/1"); then it is served, and each tab shows its own race."""
+    chromium = shutil.which("chromium")
+    if chromium is None:
+        pytest.skip("Debian's chromium is not installed (.ci/run installs it)")
+    from playwright.sync_api import expect, sync_playwright
+
+    url = launched[1]
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium, args=["--no-sandbox", "--disable-gpu"])
+        try:
+            first, second = browser.new_context().new_page(), browser.new_context().new_page()
+            for page in (first, second):
+                page.goto(url)
+                expect(page.locator("#status")).to_contain_text("Ready", timeout=90_000)
+            first.locator("#prompt textarea").fill(PROMPT)
+            second.locator("#prompt textarea").fill("Name a colour.")
+            first.locator("#run").click()
+            expect(first.locator("#counters table.counters")).to_contain_text("speedup", timeout=60_000)
+            second.locator("#step").click()
+            expect(second.get_by_text(re.compile(r"queue: \d+/\d+")).first).to_be_visible(timeout=10_000)
+            expect(first.locator("#status")).to_contain_text("Done", timeout=180_000)
+            expect(second.locator("#counters table.counters")).to_contain_text("speedup", timeout=60_000)
+            expect(second.locator("#counters")).to_contain_text("identical to greedy", timeout=30_000)
+            assert re.search(r"forward passes\s+1\b", second.locator("#counters").inner_text())
+            passes = re.search(r"forward passes\s+(\d+)", first.locator("#counters").inner_text())
+            assert passes and int(passes.group(1)) > 1  # the first tab's race is its own
+        finally:
+            browser.close()
