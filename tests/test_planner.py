@@ -74,3 +74,27 @@ def test_cost_curve_follows_observed_forward_times():
     for _ in range(200):
         c.observe(1, 0.5, rate=0.1)
     assert c(1) == pytest.approx(0.5, rel=0.01)
+
+
+def test_lookup_continuation_is_cut_where_its_tokens_stop_paying(tiny_lm):
+    from tr_core.planner import ChainStats, TreePlanner
+
+    stats = ChainStats()
+    assert stats.estimate(3, 0) == pytest.approx(0.67) and stats.estimate(1, 2) == pytest.approx(0.35 ** 3)
+    for _ in range(200):  # the first two tokens of 2-gram continuations are always right, the rest never
+        stats.record(2, offered=6, accepted=2)
+    assert stats.estimate(2, 0) == pytest.approx(0.903, abs=1e-3) and stats.estimate(2, 1) == pytest.approx(0.855, abs=1e-3)
+    assert stats.estimate(2, 2) < 0.03 and stats.estimate(2, 5) < 0.005
+    assert stats.estimate(3, 0) == pytest.approx(0.67)  # other n-gram sizes keep their own counts
+
+    planner = TreePlanner(tiny_lm, universe="tr-8")
+    planner.chain, planner.expected = stats, 2.0
+    planner.cost = CostCurve([1, 101], [1.0, 11.0])  # each token costs a tenth of a forward
+    # q = 5: 2/1.4 = 1.43 with none, (2 + .903)/1.5 = 1.94 with one, (2 + .903 + .855)/1.6 = 2.35 with
+    # two, (2 + .903 + .855 + .024)/1.7 = 2.22 with three
+    assert planner.lookup_length(5, 2, offset=0, available=6) == 2
+    assert planner.lookup_length(5, 2, offset=1, available=6) == 1  # its first token is already drafted
+    planner.cost = CostCurve([1, 101], [1.0, 1.0])  # free tokens: take all there are
+    assert planner.lookup_length(5, 2, offset=0, available=6) == 6
+    planner.cost = CostCurve([1, 101], [1.0, 201.0])  # each token costs two forwards: take none
+    assert planner.lookup_length(1, 2, offset=0, available=6) == 0  # 2/1 against 2.9/3 with one

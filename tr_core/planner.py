@@ -119,6 +119,34 @@ class AcceptanceStats:
         return (self.hits.get(p, 0.0) + self.weight * prior) / (self.trials.get(p, 0.0) + self.weight)
 
 
+@dataclass
+class ChainStats:
+    """P(the i-th token of a prompt-lookup continuation is accepted), by matched n-gram size.
+
+    Online counts per position, faded by ``decay`` and shrunk towards a geometric prior
+    ``PRIOR_RATE[n] ** (i + 1)`` (longer matches continue further)."""
+
+    PRIOR_RATE = {1: 0.35, 2: 0.5, 3: 0.67}
+    weight: float = 8.0
+    decay: float = 0.97
+    trials: dict[tuple[int, int], float] = field(default_factory=dict)
+    hits: dict[tuple[int, int], float] = field(default_factory=dict)
+
+    def record(self, ngram: int, offered: int, accepted: int) -> None:
+        for key in self.trials:
+            self.trials[key] *= self.decay
+            self.hits[key] *= self.decay
+        for i in range(offered):
+            key = (ngram, i)
+            self.trials[key] = self.trials.get(key, 0.0) + 1.0
+            self.hits[key] = self.hits.get(key, 0.0) + float(accepted > i)
+
+    def estimate(self, ngram: int, i: int) -> float:
+        prior = self.PRIOR_RATE.get(ngram, 0.35) ** (i + 1)
+        key = (ngram, i)
+        return (self.hits.get(key, 0.0) + self.weight * prior) / (self.trials.get(key, 0.0) + self.weight)
+
+
 def plan_tree(universe: TreeShape, estimate, cost: CostCurve, extra: int = 0) -> tuple[TreeShape, float]:
     """Best-first growth from the root by estimated acceptance; keep the size with the best throughput.
 
@@ -161,11 +189,23 @@ class TreePlanner:
         self.stats = AcceptanceStats(self.universe, tree_prior(self.universe_name) or {})
         self.steps = 0
         self.tree, self.expected = plan_tree(self.universe, self.stats.estimate, self.cost)
-        # expected extra tokens accepted from a prompt-lookup branch, by matched n-gram size
-        self.lookup_gain = {1: 0.5, 2: 1.0, 3: 2.0}
+        self.chain = ChainStats()  # how far prompt-lookup continuations get accepted
 
-    def record_lookup(self, ngram: int, accepted: int, rate: float = 0.1) -> None:
-        self.lookup_gain[ngram] += rate * (accepted - self.lookup_gain[ngram])
+    def record_lookup(self, ngram: int, offered: int, accepted: int) -> None:
+        """A lookup continuation of ``offered`` tokens had its first ``accepted`` accepted."""
+        self.chain.record(ngram, offered, accepted)
+
+    def lookup_length(self, q: int, ngram: int, offset: int, available: int) -> int:
+        """How many of the ``available`` lookup tokens to add to a forward of ``q`` tokens: the prefix
+        that maximises expected tokens per second (0 when none pays).  The first ``offset`` tokens
+        of the continuation are already in the drafted tree."""
+        best_n, best_rate, gain = 0, self.expected / self.cost(q), 0.0
+        for n in range(1, available + 1):
+            gain += self.chain.estimate(ngram, offset + n - 1)
+            rate = (self.expected + gain) / self.cost(q + n)
+            if rate > best_rate:
+                best_n, best_rate = n, rate
+        return best_n
 
     def record(self, used: TreeShape, accepted: list[tuple[int, ...]], forward_tokens: int = 0,
                forward_seconds: float = 0.0) -> TreeShape | None:
@@ -182,7 +222,3 @@ class TreePlanner:
             return None
         self.tree = tree
         return tree
-
-    def lookup_pays(self, q: int, length: int, gain: float) -> bool:
-        """Does adding ``length`` lookup tokens that are expected to add ``gain`` tokens raise throughput?"""
-        return (self.expected + gain) / self.cost(q + length) > self.expected / self.cost(q)
