@@ -7,6 +7,9 @@ from a prior) and ``cost(q)`` the measured time of one forward with ``q`` query 
 model and device.  A node counts once when accepted, so the expected tokens of a step are exactly
 1 + the sum of its nodes' acceptance probabilities.  When no tree pays, the plan is empty and a
 step is a plain one-token forward: never worse than greedy by more than noise.
+
+A prompt-lookup continuation grafted into the tree is cut by the same rule: its i-th token adds its
+acceptance rate (``ChainStats``, by matched n-gram size) and costs one more query token.
 """
 from __future__ import annotations
 
