@@ -149,7 +149,8 @@ class Session:
         self.race, self.started_with, self.message = None, None, ""
 
     def close(self) -> bool:
-        """Free what the session holds (decoders, KV caches, matrix, planner); True the first time."""
+        """Free what the session holds (decoders, KV caches, matrix, planner); True when it was open
+        or held something, False for a session already closed and empty (nothing to report)."""
         held = self.race is not None or self.matrix is not None or self.planner is not None
         self.reset()
         self.matrix = self.planner = None

@@ -94,8 +94,31 @@ def cost_curve_for(lm) -> CostCurve:
     return lm.cost_curve
 
 
+class DecayedRates:
+    """Trials and hits per key, faded by ``decay`` at every count and shrunk towards a prior that
+    counts as ``weight`` trials (the shared mechanics of the planner's statistics)."""
+
+    weight: float
+    decay: float
+    trials: dict
+    hits: dict
+
+    def count(self, tried, hit) -> None:
+        """One round: older counts fade, then every key of ``tried`` is a trial and of ``hit`` a hit."""
+        for key in self.trials:
+            self.trials[key] *= self.decay
+            self.hits[key] = self.hits.get(key, 0.0) * self.decay
+        for key in tried:
+            self.trials[key] = self.trials.get(key, 0.0) + 1.0
+        for key in hit:
+            self.hits[key] = self.hits.get(key, 0.0) + 1.0
+
+    def rate(self, key, prior: float) -> float:
+        return (self.hits.get(key, 0.0) + self.weight * prior) / (self.trials.get(key, 0.0) + self.weight)
+
+
 @dataclass
-class AcceptanceStats:
+class AcceptanceStats(DecayedRates):
     """Online acceptance counts per node of a universe tree, shrunk towards a prior."""
 
     universe: TreeShape
@@ -109,21 +132,14 @@ class AcceptanceStats:
         """One step: every node of ``used`` was a trial.  Older counts fade by ``decay``, so the
         estimates follow the text at hand and drift back to the prior for nodes no longer drafted
         (which are then tried again: a cold start cannot shut the tree for good)."""
-        for p in self.trials:
-            self.trials[p] *= self.decay
-            self.hits[p] = self.hits.get(p, 0.0) * self.decay
-        for p in used.paths:
-            self.trials[p] = self.trials.get(p, 0.0) + 1.0
-        for p in accepted:
-            self.hits[p] = self.hits.get(p, 0.0) + 1.0
+        self.count(used.paths, accepted)
 
     def estimate(self, p: tuple[int, ...]) -> float:
-        prior = self.prior.get(p, 0.0)
-        return (self.hits.get(p, 0.0) + self.weight * prior) / (self.trials.get(p, 0.0) + self.weight)
+        return self.rate(p, self.prior.get(p, 0.0))
 
 
 @dataclass
-class ChainStats:
+class ChainStats(DecayedRates):
     """P(the i-th token of a prompt-lookup continuation is accepted), by matched n-gram size.
 
     Online counts per position, faded by ``decay`` and shrunk towards a geometric prior
@@ -136,18 +152,10 @@ class ChainStats:
     hits: dict[tuple[int, int], float] = field(default_factory=dict)
 
     def record(self, ngram: int, offered: int, accepted: int) -> None:
-        for key in self.trials:
-            self.trials[key] *= self.decay
-            self.hits[key] *= self.decay
-        for i in range(offered):
-            key = (ngram, i)
-            self.trials[key] = self.trials.get(key, 0.0) + 1.0
-            self.hits[key] = self.hits.get(key, 0.0) + float(accepted > i)
+        self.count([(ngram, i) for i in range(offered)], [(ngram, i) for i in range(min(accepted, offered))])
 
     def estimate(self, ngram: int, i: int) -> float:
-        prior = self.PRIOR_RATE.get(ngram, 0.35) ** (i + 1)
-        key = (ngram, i)
-        return (self.hits.get(key, 0.0) + self.weight * prior) / (self.trials.get(key, 0.0) + self.weight)
+        return self.rate((ngram, i), self.PRIOR_RATE.get(ngram, 0.35) ** (i + 1))
 
 
 def plan_tree(universe: TreeShape, estimate, cost: CostCurve, extra: int = 0) -> tuple[TreeShape, float]:

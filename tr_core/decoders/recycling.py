@@ -57,7 +57,6 @@ class TokenRecyclingDecoder(TreeDecoder):
             raise ValueError("The matrix belongs to another vocabulary than the model.")
         self.matrix = matrix
         self.trace_rows = trace_rows
-        self.offered: tuple[int, list[int]] | None = None  # this step's lookup (n-gram, tokens drafted)
         self.set_tree(tree)
 
     def set_tree(self, tree: TreeShape | str | list | None) -> None:
@@ -92,17 +91,17 @@ class TokenRecyclingDecoder(TreeDecoder):
         tree, clock = self.tree_t, PhaseClock(self.lm.device)
         with clock.phase("retrieve"):
             tokens = self.matrix.retrieve_draft_tree(self.last, tree)  # [q]
-        shape, grafted = self.tree, 0
+        shape, grafted, offered = self.tree, 0, None
         sources = ["root"] + ["matrix"] * self.tree.size
         if self.lookup:
             with clock.phase("lookup"):
-                tokens, tree, grafted, _ = self.graft_lookup(tokens, tree)
+                tokens, tree, grafted, offered = self.graft_lookup(tokens, tree)
             sources += ["lookup"] * grafted
         logits, verdict, path = self.verify_tree(tokens, tree, clock)
         with clock.phase("update"):
             rows = self.matrix.recycle(tokens, logits, keep_old=self.trace_rows)
         if self.planner is not None:
-            self.plan_next(shape, path, tokens, clock.seconds["forward"])
+            self.plan_next(shape, path, tokens, offered, clock.seconds["forward"])
         return self.finish_tree_step(tokens, tree, sources, verdict, path, clock,
                                      _row_updates(rows) if self.trace_rows else None)
 
@@ -110,27 +109,28 @@ class TokenRecyclingDecoder(TreeDecoder):
         """Merge the prompt-lookup continuation of the context under the root, skipping the part
         the matrix already drafted (with a planner: only as many tokens as are expected to pay).
 
-        Returns (tokens [q'], tree tensors, grafted node count, matched n-gram size)."""
-        self.offered = None
+        Returns (tokens [q'], tree tensors, grafted node count, what was offered: None, or the matched
+        n-gram size and the continuation's tokens as far as they are drafted)."""
         chain, ngram = lookup_with_ngram(self.context_ids(), self.lookup)
         if not chain:
-            return tokens, tree, 0, 0
+            return tokens, tree, 0, None
         attach, rest = graft_point(tokens.tolist(), self.tree.children, chain)
         offset = len(chain) - len(rest)
         if self.planner is not None:
             rest = rest[:self.planner.lookup_length(tokens.shape[0], ngram, offset, len(rest))]
         if not rest:
-            return tokens, tree, 0, 0
-        self.offered = (ngram, chain[:offset + len(rest)])
+            return tokens, tree, 0, None
         grafted = torch.tensor(rest, dtype=tokens.dtype, device=tokens.device)
-        return torch.cat([tokens, grafted]), tree.graft_chain(attach, len(rest)), len(rest), ngram
+        return (torch.cat([tokens, grafted]), tree.graft_chain(attach, len(rest)), len(rest),
+                (ngram, chain[:offset + len(rest)]))
 
-    def plan_next(self, shape: TreeShape, path: list[int], tokens: torch.Tensor, forward_seconds: float) -> None:
-        """Feed this step's acceptance (tree nodes, lookup tokens) and forward time to the planner;
-        switch trees when it re-plans."""
+    def plan_next(self, shape: TreeShape, path: list[int], tokens: torch.Tensor,
+                  offered: tuple[int, list[int]] | None, forward_seconds: float) -> None:
+        """Feed this step's acceptance (tree nodes, lookup tokens ``offered``) and forward time to the
+        planner; switch trees when it re-plans."""
         accepted = [shape.paths[i - 1] for i in path[1:] if i <= shape.size]
-        if self.offered is not None:
-            ngram, chain = self.offered
+        if offered is not None:
+            ngram, chain = offered
             drafted = tokens[path[1:]].tolist()
             run = next((i for i, (a, b) in enumerate(zip(chain, drafted)) if a != b), min(len(chain), len(drafted)))
             self.planner.record_lookup(ngram, len(chain), run)
