@@ -72,6 +72,7 @@ def main(argv: list[str] | None = None) -> int:
             "prepacked_linears": lm.prepacked,
             "torch": torch.__version__, "transformers": transformers.__version__,
             "machine": f"{platform.machine()} {platform.processor() or ''} threads={torch.get_num_threads()}".strip(),
+            "gpu": torch.cuda.get_device_name(lm.device) if lm.device.type == "cuda" else None,
             "prompts_file": str(args.prompts), "limit": args.limit, "max_new_tokens": args.max_new_tokens,
             "turns": args.turns, "sampling": None if sampling is None else vars(sampling), "matrix_shape": [lm.vocab_size, args.k],
             "matrix_bytes": lm.vocab_size * args.k * 4,
