@@ -185,19 +185,22 @@ def test_prompt_lookup_decoder_equals_generate_and_drafts(tiny_lm):
     assert sum(s.accepted_drafts for d in decoders for s in d.steps) > 0
 
 
-def test_auto_tree_respects_small_k_and_long_prompts_prefill_in_chunks(tiny_lm):
+def test_auto_tree_respects_small_k_on_a_long_prompt(tiny_lm):
     dec = TokenRecyclingDecoder(tiny_lm, tree="auto", k=3, max_new_tokens=12, lookup=0)
     assert max(max(p) for p in dec.planner.universe.paths) < 3
-    ids = [2 + (i * 7) % 90 for i in range(300)]  # longer than one prefill chunk
+    ids = [2 + (i * 7) % 90 for i in range(300)]
     assert dec.generate(ids) == reference_greedy(tiny_lm, ids, 12)
 
 
 def test_prefill_seeds_the_matrix_from_each_tokens_last_occurrence(tiny_lm):
-    """Prefill computes the head only at each token's last occurrence; the matrix equals recycling
-    every prompt position's logits (where the last occurrence wins), across prefill chunks."""
+    """Prefill computes the head only at each token's last occurrence, from the hidden states of one
+    forward; the matrix equals recycling every prompt position's logits (where the last occurrence
+    wins), also when the head runs over the kept positions in several chunks."""
+    from transformers import DynamicCache
+
     from tr_core.decoders.recycling import last_occurrences
 
-    ids = [2 + (i * i * 7) % 60 for i in range(300)]  # repeats within and across 256-token chunks
+    ids = [2 + (i * i * 7) % 60 for i in range(300)]  # many repeats
     prefix = torch.tensor(ids[:-1])
     assert last_occurrences(torch.tensor([5, 3, 5, 2, 3])).tolist() == [False, False, True, True, True]
     dec = TokenRecyclingDecoder(tiny_lm, tree="tr-16", max_new_tokens=4, lookup=0)
@@ -209,3 +212,7 @@ def test_prefill_seeds_the_matrix_from_each_tokens_last_occurrence(tiny_lm):
     assert int(reference.table.count_nonzero()) > 0
     assert torch.equal(dec.matrix.table, reference.table)
     assert dec.generate(ids) == reference_greedy(tiny_lm, ids, 4)
+    chunked = TokenRecyclingDecoder(tiny_lm, tree="tr-16", max_new_tokens=4, lookup=0)
+    chunked.cache = DynamicCache(config=tiny_lm.model.config)
+    chunked.prefill(prefix, chunk=7)
+    assert chunked.cache_length == len(prefix) and torch.equal(chunked.matrix.table, reference.table)

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from .attention import register as register_attention
 from .prepack import prepack_available, prepack_linears
 
 EMBEDDED = "embedded"
@@ -169,7 +170,8 @@ def load_model(spec: str | None = None, device: str | None = None,
             if type(config) not in MODEL_FOR_CAUSAL_LM_MAPPING:
                 raise ModelLoadError(f"{spec!r} is a {config.model_type!r} model, not a causal language model.")
         tokenizer = AutoTokenizer.from_pretrained(path, **extra)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dt, attn_implementation="sdpa", **extra)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dt, attn_implementation=register_attention(),
+                                                     **extra)
     except ModelLoadError:
         raise
     except Exception as err:  # hub, I/O and config errors come in many types; all mean "cannot load"

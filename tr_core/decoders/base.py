@@ -126,6 +126,16 @@ class Decoder(ABC):
                             use_cache=True, logits_to_keep=logits_to_keep, **{self.lm.cache_arg: self.cache})
         return out.logits[0]
 
+    @torch.inference_mode()
+    def forward_hidden(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """``forward`` without the output head: the last hidden states ``[q, d]`` (after the final
+        norm) of ``input_ids [1, q]``, appended to the cache at the next positions."""
+        past = self.cache_length
+        position_ids = torch.arange(past, past + input_ids.shape[1], device=input_ids.device)[None]
+        out = self.lm.model.get_decoder()(input_ids=input_ids, position_ids=position_ids, use_cache=True,
+                                          **{self.lm.cache_arg: self.cache})
+        return out.last_hidden_state[0]
+
     def commit(self, tokens: list[int]) -> list[int]:
         """Append tokens to the output, cut at the first EOS or at the budget; set ``done``."""
         kept = []

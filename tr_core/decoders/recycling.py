@@ -72,18 +72,19 @@ class TokenRecyclingDecoder(TreeDecoder):
         self.lookahead = max(deepest, self.lookup) + 1
 
     def prefill(self, prefix: torch.Tensor, chunk: int = 256) -> None:
-        """Run the prompt and seed ``M`` from its logits (``prefix [L]``), in chunks of ``chunk``.
+        """Run the prompt ``prefix [L]`` in one forward, as greedy decoding does, and seed ``M`` from it.
 
         Only the last occurrence of each token can survive in ``M`` (last write wins), so the output
-        head and top-k run at those positions alone (``logits [u, vocab]``, ``u`` = distinct tokens):
-        the same matrix as seeding from every position, for about half the head's work."""
-        last = last_occurrences(prefix)  # [L] bool
-        for s in range(0, prefix.shape[0], chunk):
-            part, keep = prefix[s:s + chunk], last[s:s + chunk].nonzero().squeeze(1)
-            if keep.numel() == 0:
-                self.forward(part[None], logits_to_keep=1)
-                continue
-            self.matrix.seed_from_prompt(part[keep], self.forward(part[None], logits_to_keep=keep))
+        head and top-k run at those positions alone, ``chunk`` at a time (``hidden [L, d]`` ->
+        ``logits [chunk, vocab]``): the same matrix as seeding from every position, for about half
+        the head's work and a bounded amount of memory."""
+        hidden = self.forward_hidden(prefix[None])  # [L, d]
+        keep = last_occurrences(prefix).nonzero().squeeze(1)  # [u]
+        head = self.lm.model.get_output_embeddings()
+        with torch.inference_mode():
+            for s in range(0, keep.shape[0], chunk):
+                rows = keep[s:s + chunk]
+                self.matrix.seed_from_prompt(prefix[rows], head(hidden[rows]))
 
     @torch.inference_mode()
     def step(self) -> Step:

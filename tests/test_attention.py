@@ -1,0 +1,49 @@
+"""The shared-KV SDPA attention gives transformers' SDPA results for tree masks, without repeat_kv."""
+import torch
+
+from tests.conftest import make_tiny_model, make_tiny_tokenizer
+from tr_core import wrap_model
+from tr_core.attention import ATTENTION, register, sdpa_shared_kv
+from tr_core.trees import load_tree
+
+
+def test_tree_forward_equals_transformers_sdpa_and_skips_the_kv_copy(monkeypatch):
+    model = make_tiny_model()  # 4 query heads, 2 KV heads
+    assert model.model.layers[0].self_attn.num_key_value_groups == 2
+    tree = load_tree("tr-10").tensors("cpu", torch.float32)
+    ids = torch.randint(2, 96, (1, 20), generator=torch.Generator().manual_seed(1))
+    draft = torch.randint(2, 96, (1, tree.parents.shape[0]), generator=torch.Generator().manual_seed(2))
+
+    def tree_logits():
+        from transformers import DynamicCache
+
+        cache = {wrap_model(model, make_tiny_tokenizer()).cache_arg: DynamicCache(config=model.config)}
+        with torch.inference_mode():
+            model(input_ids=ids, use_cache=True, **cache)
+            return model(input_ids=draft, position_ids=tree.position_ids(20), attention_mask=tree.attention_mask(20),
+                         use_cache=True, **cache).logits
+
+    reference = tree_logits()  # transformers' sdpa: repeat_kv, then the kernel
+    model.set_attn_implementation(register())
+    assert model.config._attn_implementation == ATTENTION
+    import transformers.integrations.sdpa_attention as sdpa
+
+    copies = []
+    monkeypatch.setattr(sdpa, "repeat_kv", lambda x, n: copies.append(n) or x.repeat_interleave(n, 1))
+    ours = tree_logits()
+    assert copies == [] and torch.equal(ours, reference)
+
+
+def test_other_cases_go_to_transformers_own_function():
+    class Module(torch.nn.Module):
+        num_key_value_groups = 2
+        is_causal = True
+
+    q, kv = torch.randn(1, 4, 3, 8), torch.randn(1, 2, 5, 8)
+    causal = torch.ones(3, 5, dtype=torch.bool).tril(2)[None, None]
+    out, _ = sdpa_shared_kv(Module(), q, kv, kv, causal)
+    expected = torch.nn.functional.scaled_dot_product_attention(q, kv.repeat_interleave(2, 1), kv.repeat_interleave(2, 1),
+                                                                attn_mask=causal).transpose(1, 2)
+    assert torch.allclose(out, expected, atol=1e-6)
+    unmasked, _ = sdpa_shared_kv(Module(), q, kv, kv, None)  # no mask: transformers' path (causal)
+    assert unmasked.shape == (1, 3, 4, 8)

@@ -1,0 +1,47 @@
+"""Tree attention without copying the KV cache: transformers' SDPA attention, but grouped-query
+heads stay shared inside PyTorch's kernel also when a mask is given.
+
+For a forward with an explicit mask (every tree step), transformers expands the key/value heads of a
+grouped-query model to all query heads first (``repeat_kv``), because CUDA's fused kernels take
+either a mask or grouped heads, not both.  That is a copy of the whole cache, every layer, every
+step: on this CPU, with SmolLM2's 3 KV heads for 9 query heads and a 770-token context, about 10 ms
+of a 65 ms tree forward.  PyTorch's CPU flash-attention kernel takes both (``enable_gqa=True``) and
+gives bit-identical outputs, so on CPU a masked forward skips the copy; everything else (CUDA,
+one-token steps, models with biases or sinks) goes to transformers' own function unchanged.
+
+Registered through transformers' ``AttentionInterface`` under ``ATTENTION``; ``load_model`` selects it.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+ATTENTION = "sdpa_shared_kv"
+_EXTRAS = ("position_bias", "s_aux", "sinks", "softcap")  # features left to transformers' own path
+
+
+def sdpa_shared_kv(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                   attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
+                   is_causal: bool | None = None, **kwargs) -> tuple[torch.Tensor, None]:
+    """``query [b, heads, q, d]``, ``key``/``value [b, kv_heads, kv, d]``, ``attention_mask
+    [b, 1, q, kv]`` -> (``[b, q, heads, d]``, None), as transformers' ``sdpa_attention_forward``."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    groups = getattr(module, "num_key_value_groups", 1)
+    if (groups == 1 or attention_mask is None or query.device.type != "cpu"
+            or any(kwargs.get(name) is not None for name in _EXTRAS)):
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
+                                      scaling=scaling, is_causal=is_causal, **kwargs)
+    out = F.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask, dropout_p=dropout,
+                                         scale=scaling, enable_gqa=True)
+    return out.transpose(1, 2).contiguous(), None
+
+
+def register() -> str:
+    """Make ``ATTENTION`` known to transformers (attention and mask functions); returns its name."""
+    from transformers import AttentionInterface, AttentionMaskInterface
+    from transformers.masking_utils import sdpa_mask
+
+    AttentionInterface.register(ATTENTION, sdpa_shared_kv)
+    AttentionMaskInterface.register(ATTENTION, sdpa_mask)
+    return ATTENTION
