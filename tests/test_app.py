@@ -230,6 +230,12 @@ class _OutOfMemoryModel(torch.nn.Module):
     def forward(self, *args, **kwargs):
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
 
+    def get_decoder(self):  # the body without the output head runs out of memory the same way
+        return self
+
+    def get_output_embeddings(self):
+        return self.inner.get_output_embeddings()
+
 
 def test_out_of_memory_is_a_message_and_the_session_is_reset(embedded_lm):
     import dataclasses
