@@ -103,7 +103,11 @@ def test_gpu_bundle_travels_a_lossy_model_that_loads_and_benchmarks(tmp_path, ti
                         "--per-category", "1"]) == 0
     assert "bash" in (bundle / "run.sh").read_text() and "--device ${DEVICE:-cuda}" in (bundle / "run.sh").read_text()
     assert [p.question_id for p in load_prompts(bundle / "question.jsonl")] == ["1", "3"]
+    config = json.loads((bundle / "config.json").read_text())  # as a GGUF-loaded model's config says:
+    config["quantization_config"] = {"quant_method": "gguf", "gguf_file": "x.gguf"}  # not to follow there
+    (bundle / "config.json").write_text(json.dumps(config))
     assert bundle_main(["unpack", str(bundle), str(model), "--dtype", "float32"]) == 0
+    assert "quantization_config" not in json.loads((model / "config.json").read_text())
     from tr_core import load_model
 
     copy = load_model(str(model), "cpu", "float32")

@@ -105,6 +105,7 @@ def make_bundle(out: Path, prompts: Path, spec: str | None = None, per_category:
     lm = load_model(spec, "cpu", "float32", prepack=False)
     out.mkdir(parents=True, exist_ok=True)
     lm.model.config.save_pretrained(out)
+    plain_config(out / "config.json")
     lm.tokenizer.save_pretrained(out)
     tok = out / "tokenizer.json"
     if tok.exists():  # 3.5 MB of JSON, 0.6 MB gzipped
@@ -140,9 +141,18 @@ def unpack_bundle(bundle: Path, out: Path, dtype: str = "bfloat16") -> None:
         shutil.copyfileobj(src, dst)
     state = unpack_state((bundle / WEIGHTS).read_bytes(), getattr(torch, dtype))
     save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
-    config = json.loads((out / "config.json").read_text())
-    config["dtype"] = dtype
-    (out / "config.json").write_text(json.dumps(config, indent=2))
+    plain_config(out / "config.json", dtype)
+
+
+def plain_config(path: Path, dtype: str | None = None) -> None:
+    """Drop what ties a config to where its model came from (a GGUF file's ``quantization_config``
+    would send transformers to the ``gguf`` package, absent on the GPU host); set ``dtype``."""
+    config = json.loads(path.read_text())
+    config.pop("quantization_config", None)
+    config.pop("_model_name_or_path", None)
+    if dtype:
+        config["dtype"] = dtype
+    path.write_text(json.dumps(config, indent=2))
 
 
 def main(argv: list[str] | None = None) -> int:
