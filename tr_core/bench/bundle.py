@@ -1,14 +1,14 @@
 """The GPU run bundle: everything a benchmark needs on a GPU host that has PyTorch and transformers
-but no network, in under 60 MB.
+but no network, in 58 MiB (61 MB).
 
 The embedded model is 98 MB as GGUF (4-bit layers, 8-bit embedding), too big to travel with the
 script, so the bundle carries a lossy copy: every row of every matrix is rounded to a uniform grid
 of step ``0.45 x`` the row's standard deviation (``0.35 x`` for the embedding, which is also the
 output head), the integers compressed with LZMA (entropy 3.27 bits a weight; 3.6 with LZMA's
-overhead and the rows' float16 offsets and scales);
-the norms stay float16.  The copy is not the embedded model (it agrees with its top-1 choice on
-about half of teacher-forced positions and writes plainer English), but every method of a run decodes the same
-copy, so greedy decoding and the speculative decoders are still compared token for token.
+overhead and the rows' float16 offsets and scales); the norms stay float16.  The copy is not the
+embedded model (it agrees with its top-1 choice on about half of teacher-forced positions and
+writes plainer English), but every method of a run decodes the same copy, so greedy decoding and
+the speculative decoders are still compared token for token.
 
     python -m tr_core.bench.bundle make gpu_bundle          # here: write the bundle folder
     bash gpu_bundle/run.sh                                  # there: unpack, then benchmark
