@@ -87,10 +87,10 @@ class AdjacencyMatrix:
         self.writes += int(rows.shape[0])
         return RowsWritten(tokens=rows, old=old, new=new)
 
-    def seed_from_prompt(self, tokens: torch.Tensor, logits: torch.Tensor, chunk: int = 256) -> None:
-        """Recycle a prompt's logits (``tokens [L]``, ``logits [L, vocab]``), chunked to bound memory."""
-        for s in range(0, tokens.shape[0], chunk):
-            self.recycle(tokens[s:s + chunk], logits[s:s + chunk], keep_old=False)
+    def seed_from_prompt(self, tokens: torch.Tensor, logits: torch.Tensor) -> None:
+        """Recycle a prompt's logits (``tokens [n]``, ``logits [n, vocab]``); the caller bounds ``n``
+        (the prefill hands them over a chunk of positions at a time)."""
+        self.recycle(tokens, logits, keep_old=False)
 
     # ---- hot start: persistence --------------------------------------------------------
     def save(self, path: str | Path, model_name: str = "") -> None:
