@@ -19,19 +19,29 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .trees import TreeShape, load_tree, tree_prior
+from .trees import TreeShape, TreeTensors, load_tree, tree_prior
 
-COST_LENGTHS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 81, 96, 128)
+COST_LENGTHS = tuple(range(1, 17)) + (20, 24, 32, 48, 64, 81, 96)
 
 
 @dataclass
 class CostCurve:
-    """Seconds of one forward by query length, over a cache of ``prefix`` tokens."""
+    """Seconds of one forward by query length, over a cache of ``prefix`` tokens.
+
+    ``seconds`` is the measured shape, ``scale`` follows the machine's load and the context's growth
+    (``observe``): ``cost(q) = scale * interpolated seconds``.  The shape is kept as measured, not
+    smoothed: on a CPU it is not monotone (measured on the embedded model, 2 query tokens cost 15% more
+    than 4 to 6, which cost no more than 1, and 7 cost 15% more than 6: kernel choices by size), and
+    the planner should see exactly where those steps lie."""
 
     lengths: list[int]
     seconds: list[float]
+    scale: float = 1.0
 
-    def __call__(self, q: int) -> float:
+    def __post_init__(self) -> None:
+        self._table = [self._interpolate(q) for q in range(self.lengths[-1] + 1)]  # O(1) lookups
+
+    def _interpolate(self, q: int) -> float:
         xs, ys = self.lengths, self.seconds
         if q <= xs[0]:
             return ys[0]
@@ -41,25 +51,20 @@ class CostCurve:
         slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])
         return ys[-1] + slope * (q - xs[-1])
 
+    def __call__(self, q: int) -> float:
+        return self.scale * (self._table[q] if 0 <= q < len(self._table) else self._interpolate(q))
+
     def observe(self, q: int, seconds: float, rate: float = 0.05) -> None:
-        """Blend a forward time seen while decoding into the nearest grid point, so the curve
-        follows the machine's real load instead of one measurement at start."""
-        i = min(range(len(self.lengths)), key=lambda j: abs(self.lengths[j] - q))
-        scaled = seconds * self.seconds[i] / max(self(q), 1e-9)
-        self.seconds[i] += rate * (scaled - self.seconds[i])
-        for j in range(i + 1, len(self.seconds)):  # keep it non-decreasing
-            self.seconds[j] = max(self.seconds[j], self.seconds[j - 1])
-        for j in range(i - 1, -1, -1):
-            self.seconds[j] = min(self.seconds[j], self.seconds[j + 1])
+        """Blend a forward time seen while decoding into ``scale`` (the ratio of seen to measured
+        time), so the curve follows the machine's real load and the cache's growth."""
+        self.scale += rate * (seconds / max(self(q) / self.scale, 1e-12) - self.scale)
 
     @classmethod
     @torch.inference_mode()
     def measure(cls, lm, lengths=COST_LENGTHS, prefix: int = 128, repeats: int = 3) -> "CostCurve":
-        """Time ``model(q tokens)`` over a ``prefix``-token cache: lengths interleaved round by
-        round (so passing load hits all alike), median of ``repeats`` after a warm-up round.
-
-        The curve is made non-decreasing (a longer forward never costs less), which also smooths noise.
-        """
+        """Time ``model(q tokens)`` over a ``prefix``-token cache with an explicit attention mask, as
+        tree steps run it: lengths interleaved round by round (so passing load hits all alike),
+        median of ``repeats`` after a warm-up round."""
         from transformers import DynamicCache
 
         gen = torch.Generator().manual_seed(0)
@@ -69,22 +74,23 @@ class CostCurve:
         sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
         cache = DynamicCache(config=lm.model.config)
         lm.model(input_ids=ids[:, :prefix], use_cache=True, logits_to_keep=1, **{lm.cache_arg: cache})
+        n = max(lengths)  # a chain: every query token sees the cache and the ones before it
+        chain = TreeTensors.from_parents(list(range(-1, n - 1)), list(range(n)), dev, lm.dtype)
         times: dict[int, list[float]] = {q: [] for q in lengths}
         for r in range(repeats + 1):
             for q in lengths:
                 x = ids[:, prefix:prefix + q]
-                pos = torch.arange(prefix, prefix + q, device=dev)[None]
+                tree = chain.head(q)
+                pos, mask = tree.position_ids(prefix), tree.attention_mask(prefix)
                 sync()
                 t0 = time.perf_counter()
-                lm.model(input_ids=x, position_ids=pos, use_cache=True, **{lm.cache_arg: cache})
+                lm.model(input_ids=x, position_ids=pos, attention_mask=mask, use_cache=True,
+                         **{lm.cache_arg: cache})
                 sync()
                 if r:
                     times[q].append(time.perf_counter() - t0)
                 cache.crop(-q)
-        seconds = [sorted(times[q])[len(times[q]) // 2] for q in lengths]
-        for i in range(1, len(seconds)):
-            seconds[i] = max(seconds[i], seconds[i - 1])
-        return cls(list(lengths), seconds)
+        return cls(list(lengths), [sorted(times[q])[len(times[q]) // 2] for q in lengths])
 
 
 def cost_curve_for(lm) -> CostCurve:
