@@ -51,13 +51,17 @@ class CostCurve:
         slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])
         return ys[-1] + slope * (q - xs[-1])
 
+    def shape(self, q: int) -> float:
+        """The measured seconds at ``q`` query tokens (interpolated between grid points)."""
+        return self._table[q] if 0 <= q < len(self._table) else self._interpolate(q)
+
     def __call__(self, q: int) -> float:
-        return self.scale * (self._table[q] if 0 <= q < len(self._table) else self._interpolate(q))
+        return self.scale * self.shape(q)
 
     def observe(self, q: int, seconds: float, rate: float = 0.05) -> None:
         """Blend a forward time seen while decoding into ``scale`` (the ratio of seen to measured
         time), so the curve follows the machine's real load and the cache's growth."""
-        self.scale += rate * (seconds / max(self(q) / self.scale, 1e-12) - self.scale)
+        self.scale += rate * (seconds / max(self.shape(q), 1e-12) - self.scale)
 
     @classmethod
     @torch.inference_mode()
