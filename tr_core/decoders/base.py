@@ -113,6 +113,11 @@ class Decoder(ABC):
         """Run ``prefix [L]`` into the cache; subclasses may use the logits."""
         self.forward(prefix[None], logits_to_keep=1)
 
+    def next_positions(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """``[1, q]``: the positions right after the cache, for ``input_ids [1, q]`` in a row."""
+        past = self.cache_length
+        return torch.arange(past, past + input_ids.shape[1], device=input_ids.device)[None]
+
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None,
                 attention_mask: torch.Tensor | None = None,
@@ -120,8 +125,7 @@ class Decoder(ABC):
         """One forward over ``input_ids [1, q]`` appending to the cache; returns ``logits [q', vocab]``
         (``logits_to_keep``: the last n positions, 0 = all, or a 1-D tensor of positions)."""
         if position_ids is None:
-            past = self.cache_length
-            position_ids = torch.arange(past, past + input_ids.shape[1], device=input_ids.device)[None]
+            position_ids = self.next_positions(input_ids)
         out = self.lm.model(input_ids=input_ids, position_ids=position_ids, attention_mask=attention_mask,
                             use_cache=True, logits_to_keep=logits_to_keep, **{self.lm.cache_arg: self.cache})
         return out.logits[0]
@@ -130,10 +134,9 @@ class Decoder(ABC):
     def forward_hidden(self, input_ids: torch.Tensor) -> torch.Tensor:
         """``forward`` without the output head: the last hidden states ``[q, d]`` (after the final
         norm) of ``input_ids [1, q]``, appended to the cache at the next positions."""
-        past = self.cache_length
-        position_ids = torch.arange(past, past + input_ids.shape[1], device=input_ids.device)[None]
-        out = self.lm.model.get_decoder()(input_ids=input_ids, position_ids=position_ids, use_cache=True,
-                                          **{self.lm.cache_arg: self.cache})
+        body = self.lm.model.get_decoder()
+        out = body(input_ids=input_ids, position_ids=self.next_positions(input_ids), use_cache=True,
+                   **{self.lm.cache_arg: self.cache})
         return out.last_hidden_state[0]
 
     def commit(self, tokens: list[int]) -> list[int]:
