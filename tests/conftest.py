@@ -55,11 +55,14 @@ def embedded_lm():
 
 
 def reference_greedy(lm, ids: list[int], max_new_tokens: int) -> list[int]:
-    """``model.generate(do_sample=False)``: the ground truth of losslessness."""
+    """``model.generate(do_sample=False)``, with an explicit greedy generation config (the model's own
+    ``generation_config.json`` cannot change it): the ground truth of losslessness."""
+    from tr_core.models import greedy_generation_config
+
     x = torch.tensor([ids], device=lm.device)
     with torch.inference_mode():
-        out = lm.model.generate(x, attention_mask=torch.ones_like(x), do_sample=False,
-                                max_new_tokens=max_new_tokens, pad_token_id=lm.eos_token_ids[0])
+        out = lm.model.generate(x, attention_mask=torch.ones_like(x),
+                                generation_config=greedy_generation_config(lm, max_new_tokens))
     return out[0, len(ids):].tolist()
 
 

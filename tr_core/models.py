@@ -191,6 +191,37 @@ def load_model(spec: str | None = None, device: str | None = None,
                        cache_arg=cache_arg, prepacked=packed)
 
 
+# Every logits processor ``generate`` applies in greedy decoding, at the value that leaves the logits
+# alone.  Passed explicitly, so that nothing in a model's ``generation_config.json`` (a repetition
+# penalty, a banned n-gram size, a minimum length...) turns "greedy" into something else.
+NEUTRAL_GREEDY = dict(do_sample=False, num_beams=1, repetition_penalty=1.0, encoder_repetition_penalty=1.0,
+                      no_repeat_ngram_size=0, encoder_no_repeat_ngram_size=0, min_new_tokens=0,
+                      length_penalty=1.0, renormalize_logits=False, remove_invalid_values=False,
+                      suppress_tokens=[], begin_suppress_tokens=[], temperature=1.0, top_k=None, top_p=1.0,
+                      typical_p=1.0, epsilon_cutoff=0.0, eta_cutoff=0.0)
+# Processors with no neutral value: ``generate`` fills them from the model when they are None.
+UNNEUTRAL = ("bad_words_ids", "forced_bos_token_id", "forced_eos_token_id", "sequence_bias",
+             "exponential_decay_length_penalty", "watermarking_config", "guidance_scale")
+
+
+def greedy_generation_config(lm: "LoadedModel", max_new_tokens: int, **overrides):
+    """An explicit ``GenerationConfig`` for plain greedy decoding of ``lm`` (the reference every
+    speedup and every losslessness check compares with); ``overrides`` (e.g. sampling settings,
+    ``prompt_lookup_num_tokens``) go on top.  Raises ``ValueError`` where the model's own
+    generation config sets a processor that cannot be switched off explicitly."""
+    from transformers import GenerationConfig
+
+    own = getattr(lm.model, "generation_config", None)
+    stuck = [name for name in UNNEUTRAL if own is not None and getattr(own, name, None) not in (None, 1.0)]
+    if stuck:
+        raise ValueError(f"This model's generation_config.json sets {', '.join(stuck)}, which plain greedy "
+                         "decoding cannot switch off; remove them from the file to compare with greedy.")
+    eos = list(lm.eos_token_ids) or None
+    settings = {**NEUTRAL_GREEDY, "max_new_tokens": max_new_tokens, "eos_token_id": eos,
+                "pad_token_id": eos[0] if eos else None, **overrides}
+    return GenerationConfig(**settings)
+
+
 def wrap_model(model, tokenizer, name: str = "in-memory model") -> LoadedModel:
     """A LoadedModel around a model already in memory (tests, notebooks)."""
     p = next(model.parameters())

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from ..models import LoadedModel
+from ..models import LoadedModel, greedy_generation_config
 
 
 class HFPromptLookup:
@@ -20,11 +20,11 @@ class HFPromptLookup:
     @torch.inference_mode()
     def generate(self, prompt_ids: list[int]) -> list[int]:
         x = torch.tensor([prompt_ids], device=self.lm.device)
-        mode = self.sampling.generate_kwargs() if self.sampling is not None else {"do_sample": False}
+        mode = self.sampling.generate_kwargs() if self.sampling is not None else {}
         if self.sampling is not None:
             torch.manual_seed(self.sampling.seed)
-        out = self.lm.model.generate(x, attention_mask=torch.ones_like(x), **mode,
-                                     max_new_tokens=self.max_new_tokens, prompt_lookup_num_tokens=self.num_tokens,
-                                     pad_token_id=self.lm.eos_token_ids[0] if self.lm.eos_token_ids else None)
+        config = greedy_generation_config(self.lm, self.max_new_tokens, prompt_lookup_num_tokens=self.num_tokens,
+                                          **mode)
+        out = self.lm.model.generate(x, attention_mask=torch.ones_like(x), generation_config=config)
         self.output = out[0, len(prompt_ids):].tolist()
         return self.output
