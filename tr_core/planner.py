@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .models import synchronize
 from .trees import TreeShape, TreeTensors, load_tree, tree_prior
 
 COST_LENGTHS = tuple(range(1, 17)) + (20, 24, 32, 48, 64, 81, 96)
@@ -69,14 +70,12 @@ class CostCurve:
         """Time ``model(q tokens)`` over a ``prefix``-token cache with an explicit attention mask, as
         tree steps run it: lengths interleaved round by round (so passing load hits all alike),
         median of ``repeats`` after a warm-up round."""
-        from transformers import DynamicCache
-
         gen = torch.Generator().manual_seed(0)
         dev = lm.device
         low = min(100, lm.vocab_size - 1)  # skip the special tokens at the start of most vocabularies
         ids = torch.randint(low, lm.vocab_size, (1, prefix + max(lengths)), generator=gen).to(dev)
-        sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
-        cache = DynamicCache(config=lm.model.config)
+        sync = lambda: synchronize(dev)  # noqa: E731
+        cache = lm.new_cache()
         lm.model(input_ids=ids[:, :prefix], use_cache=True, logits_to_keep=1, **{lm.cache_arg: cache})
         n = max(lengths)  # a chain: every query token sees the cache and the ones before it
         chain = TreeTensors.from_parents(list(range(-1, n - 1)), list(range(n)), dev, lm.dtype)
@@ -85,7 +84,7 @@ class CostCurve:
             for q in lengths:
                 x = ids[:, prefix:prefix + q]
                 tree = chain.head(q)
-                pos, mask = tree.position_ids(prefix), tree.attention_mask(prefix)
+                pos, mask = tree.position_ids(prefix), lm.tree_masks(tree, prefix)
                 sync()
                 t0 = time.perf_counter()
                 lm.model(input_ids=x, position_ids=pos, attention_mask=mask, use_cache=True,

@@ -186,11 +186,18 @@ class TreeTensors:
         return TreeTensors(shape=self.shape, parents=parents, depths=depths, ranks=ranks, ancestors=anc,
                            attn_bias=bias, levels=self.levels)
 
-    def attention_mask(self, past: int) -> torch.Tensor:
-        """``[1, 1, q, past + q]``: every node sees the whole cache, itself and its ancestors."""
+    def attention_mask(self, past: int, window: int | None = None) -> torch.Tensor:
+        """``[1, 1, q, past + q]``: every node sees the whole cache, itself and its ancestors; with a
+        sliding ``window``, only the entries less than ``window`` positions before its own (the cache
+        holds position ``i`` in slot ``i``; node ``j`` sits at ``past + depth[j]``)."""
         q = self.attn_bias.shape[0]
         mask = self.attn_bias.new_zeros(1, 1, q, past + q)
         mask[0, 0, :, past:] = self.attn_bias
+        if window is not None:
+            query_pos = self.depths + past  # [q]
+            key_pos = torch.cat([torch.arange(past, device=query_pos.device), query_pos])  # [past + q]
+            outside = query_pos[:, None] - key_pos[None, :] >= window  # [q, past + q]
+            mask[0, 0].masked_fill_(outside, torch.finfo(mask.dtype).min)
         return mask
 
     def position_ids(self, past: int) -> torch.Tensor:

@@ -11,7 +11,8 @@ import torch
 from ..decoders import GreedyDecoder, ProgressiveTreeDecoder, PromptLookupDecoder, TokenRecyclingDecoder
 from ..decoders.base import Decoder
 from ..matrix import AdjacencyMatrix
-from ..models import LoadedModel
+from ..models import LoadedModel, synchronize
+from ..precision import explain_divergence, first_difference
 from ..ptd import PTDConfig
 from ..sampling import SamplingConfig
 from .data import BenchPrompt
@@ -41,6 +42,7 @@ class Run:
     forward_tokens: int = 0
     phases: dict[str, float] = field(default_factory=dict)
     turn: int = 1
+    divergence: dict | None = None  # why the output left greedy's (tr_core.precision.Divergence)
 
 
 def _tr_spec(name: str, lm: LoadedModel, tree: str | None, k: int, lookup: int | None,
@@ -111,15 +113,20 @@ def parse_methods(text: str, lm: LoadedModel, tree: str | None = None, k: int = 
     return specs
 
 
-def _first_mismatch(a: list[int], b: list[int]) -> int | None:
-    for i, (x, y) in enumerate(zip(a, b)):
-        if x != y:
-            return i
-    return None if len(a) == len(b) else min(len(a), len(b))
+def _explain(lm: LoadedModel, ids: list[int], reference: list[int], dec, out: list[int]) -> dict:
+    """The first divergence from greedy, with its margin and cause, and the forward size of the
+    method's step that committed that position (None for peers without steps)."""
+    pos, size, done = first_difference(reference, out), None, 0
+    for s in getattr(dec, "steps", []):
+        done += len(s.committed)
+        if done > pos:
+            size = s.forward_tokens
+            break
+    return explain_divergence(lm, ids, reference, out, size).to_json()
 
 
 def _timed_generate(dec, ids: list[int]) -> tuple[list[int], float]:
-    sync = torch.cuda.synchronize if dec.lm.device.type == "cuda" else (lambda: None)
+    sync = lambda: synchronize(dec.lm.device)  # noqa: E731
     sync()
     t0 = time.perf_counter()
     out = dec.generate(ids)
@@ -161,13 +168,13 @@ def run_benchmark(lm: LoadedModel, prompts: list[BenchPrompt], specs: list[Metho
                 out, secs = _timed_generate(dec, ids)
                 if reference is None:
                     reference = out
-                mismatch = _first_mismatch(out, reference) if compare else None
+                mismatch = first_difference(reference, out) if compare else None
                 phases: dict[str, float] = {}
                 for s in dec.steps:
                     for k, v in s.timings.items():
                         phases[k] = phases.get(k, 0.0) + v
                 runs.append(Run(spec.name, prompt.question_id, prompt.category, len(out), secs, len(dec.steps),
                                 (mismatch is None) if compare else None, mismatch, sum(s.forward_tokens for s in dec.steps), phases,
-                                turn + 1))
+                                turn + 1, _explain(lm, ids, reference, dec, out) if mismatch is not None else None))
             answers.append(lm.tokenizer.decode(reference, skip_special_tokens=True))
     return runs

@@ -1,7 +1,7 @@
 """Aggregate runs into the paper's figures: tok/s, MAT, speedup vs greedy, identical fraction."""
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 
 
 def _figures(runs, greedy_tps: float | None) -> dict:
@@ -20,7 +20,7 @@ def _figures(runs, greedy_tps: float | None) -> dict:
         "identical": _identical(runs),
         "mean_forward_tokens": round(sum(r.forward_tokens for r in runs) / steps, 2) if steps else 0.0,
         "phase_share": {k: round(v / sum(phases.values()), 4) for k, v in phases.items()} if phases else {},
-        "mismatches": [{"question_id": r.question_id, "first_position": r.first_mismatch}
+        "mismatches": [{"question_id": r.question_id, "turn": r.turn, **(r.divergence or {"position": r.first_mismatch})}
                        for r in runs if r.identical is False],
     }
 
@@ -127,6 +127,11 @@ def format_table(summary: dict) -> str:
                 mat = f" ({pc['mat']:.2f})" if pc and pc["mat"] is not None else ""
                 cells.append(f"{pc['speedup']:.2f}x{mat}" if pc else "-")
             lines.append(f"{c:<18}" + "".join(f"{x:>22}" for x in cells))
+    causes = [(name, Counter(x.get("cause", "?") for x in m["mismatches"])) for name, m in methods.items()]
+    if any(c for _, c in causes):
+        lines += ["", "outputs that differ from greedy, by cause (near-tie: the reference's margin is within what "
+                  "the dtype's rounding explains; bug: it is not)"]
+        lines += [f"  {name:<20} " + ", ".join(f"{k} {v}" for k, v in sorted(c.items())) for name, c in causes if c]
     meta = summary.get("meta", {})
     if "matrix_bytes" in meta:
         vocab, k = meta["matrix_shape"]

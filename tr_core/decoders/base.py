@@ -13,7 +13,6 @@ from typing import ClassVar
 
 import torch
 
-from ..cache import check_cache_supported
 from ..models import LoadedModel
 from ..sampling import Sampler, SamplingConfig
 from ..trace import Step
@@ -24,19 +23,40 @@ class DecodeError(ValueError):
 
 
 class PhaseClock:
-    """Seconds per named phase, measured with the device synchronised."""
+    """Seconds per named phase.  On a CUDA device each phase is bracketed by CUDA events on the
+    model's own device (no host synchronisation inside a step); ``seconds`` waits once for the
+    last event and reads them all.  On CPU, plain wall-clock time."""
 
     def __init__(self, device: torch.device):
-        self.sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-        self.seconds: dict[str, float] = {}
+        self.cuda = device.type == "cuda"
+        self.device = device
+        self._spans: list[tuple[str, object, object]] = []  # (phase, start, end): events or times
+        self._seconds: dict[str, float] | None = None
+
+    def _mark(self):
+        if self.cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record(torch.cuda.current_stream(self.device))
+            return event
+        return time.perf_counter()
 
     @contextmanager
     def phase(self, name: str):
-        self.sync()
-        t0 = time.perf_counter()
+        start = self._mark()
         yield
-        self.sync()
-        self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - t0
+        self._spans.append((name, start, self._mark()))
+        self._seconds = None
+
+    @property
+    def seconds(self) -> dict[str, float]:
+        if self._seconds is None:
+            if self.cuda and self._spans:
+                self._spans[-1][2].synchronize()
+            self._seconds = {}
+            for name, a, b in self._spans:
+                took = a.elapsed_time(b) / 1000.0 if self.cuda else b - a
+                self._seconds[name] = self._seconds.get(name, 0.0) + took
+        return self._seconds
 
 
 class Decoder(ABC):
@@ -72,17 +92,14 @@ class Decoder(ABC):
             raise DecodeError(
                 f"The prompt has {len(ids)} tokens; with {self.max_new_tokens} new tokens it does not fit "
                 f"the model's context of {self.lm.max_context} tokens.")
-        from transformers import DynamicCache
-
         self.prompt, self.output, self.steps = ids, [], []
         self.sampler = Sampler(self.sampling, self.lm.device) if self.sampling is not None else None
-        self.cache = DynamicCache(config=self.lm.model.config)
+        self.cache = self.lm.new_cache()
         self._done = False
         device = self.lm.device
         if len(ids) > 1:
             prefix = torch.tensor(ids[:-1], device=device)
             self.prefill(prefix)
-        check_cache_supported(self.cache)
         self.last = torch.tensor(ids[-1], device=device)
 
     @abstractmethod

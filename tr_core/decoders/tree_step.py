@@ -24,7 +24,7 @@ class TreeDecoder(Decoder):
         past = self.cache_length
         with clock.phase("prepare"):
             positions = tree.position_ids(past)  # [1, q]
-            mask = tree.attention_mask(past)  # [1, 1, q, past + q]
+            mask = self.lm.tree_masks(tree, past)  # [1, 1, q, past + q] (or one per layer type)
         with clock.phase("forward"):
             logits = self.forward(tokens[None], positions, mask)  # [q, vocab]
         with clock.phase("verify"):

@@ -1,0 +1,81 @@
+"""Exact or explained: every divergence from greedy decoding in reduced precision is measured by the
+reference's own logit margin and classified; rounding reads as a near-tie, a wrong verifier as a bug."""
+import pytest
+import torch
+
+from tr_core import GreedyDecoder, TokenRecyclingDecoder
+from tr_core.precision import BUG, NEAR_TIE, describe, explain_divergence, rounding_bound, ulp
+from tr_core.verify import Verdict
+
+NEW_TOKENS = 48
+# Prompts whose bf16 Token Recycling output leaves bf16 greedy's within NEW_TOKENS on this model.
+BF16_PROMPTS = [
+    "Write a short poem about the sea.",
+    "What is 17 times 23? Explain step by step.",
+    "Explain how a bicycle works, in a few short paragraphs.",
+]
+
+
+def accept_drafts_unchecked(tokens, logits, tree) -> Verdict:
+    """A deliberately wrong verifier: follows the first child at every level without comparing it
+    with the model's choice, then adds the model's token."""
+    choices = logits.argmax(dim=-1)
+    path, nodes = [0], torch.arange(tokens.shape[0], device=tokens.device)
+    while True:
+        kids = nodes[(tree.parents == path[-1]) & (nodes > 0)]
+        if not len(kids):
+            break
+        path.append(int(kids[0]))
+    return Verdict(path=torch.tensor(path, device=tokens.device), bonus=choices[path[-1]], choices=choices)
+
+
+def test_units_of_rounding():
+    assert ulp(20.0, torch.bfloat16) == 0.125 and ulp(40.0, torch.bfloat16) == 0.25
+    assert ulp(20.0, torch.float16) == 2.0 ** -6
+    assert ulp(20.0, torch.float32) == 2.0 ** -19
+    assert rounding_bound(20.0, torch.bfloat16) == 1.0  # 8 ulps
+    assert rounding_bound(20.0, torch.float32) < 2e-5  # float32: any visible divergence is a bug
+
+
+def wrong_tr(lm, monkeypatch, ids):
+    monkeypatch.setattr("tr_core.decoders.tree_step.verify_greedy", accept_drafts_unchecked)
+    return TokenRecyclingDecoder(lm, tree="tr-16", lookup=0, max_new_tokens=NEW_TOKENS).generate(ids)
+
+
+def test_a_wrong_verifier_is_a_bug_in_float32(tiny_lm, monkeypatch):
+    ids = [5, 6, 7, 8, 9, 10, 11]
+    reference = GreedyDecoder(tiny_lm, NEW_TOKENS).generate(ids)
+    assert TokenRecyclingDecoder(tiny_lm, tree="tr-16", max_new_tokens=NEW_TOKENS).generate(ids) == reference
+    div = explain_divergence(tiny_lm, ids, reference, wrong_tr(tiny_lm, monkeypatch, ids))
+    assert div is not None and div.cause == BUG and div.margin > div.bound
+    assert "bug" in describe(div)
+
+
+@pytest.fixture(scope="module")
+def bf16_lm():
+    from tr_core import load_model
+
+    return load_model(dtype="bfloat16")
+
+
+def test_bf16_divergences_on_the_embedded_model_are_near_ties(bf16_lm):
+    lm, found = bf16_lm, []
+    for prompt in BF16_PROMPTS:
+        ids = lm.encode_prompt(prompt)
+        reference = GreedyDecoder(lm, NEW_TOKENS).generate(ids)
+        dec = TokenRecyclingDecoder(lm, tree="paper-80", lookup=0, max_new_tokens=NEW_TOKENS)
+        div = explain_divergence(lm, ids, reference, dec.generate(ids), forward_tokens=81)
+        if div is not None:
+            assert div.cause == NEAR_TIE, f"{prompt!r}: {div}"
+            assert 0 <= div.margin <= div.bound
+            found.append(div)
+    assert found, "no prompt diverged: the classification above was never exercised"
+    text = describe(found[0], lm.token_text)
+    assert f"token {found[0].position + 1}" in text and "81-token forward" in text and "float32 mode avoids it" in text
+
+
+def test_bf16_wrong_verifier_is_a_bug(bf16_lm, monkeypatch):
+    ids = bf16_lm.encode_prompt(BF16_PROMPTS[0])
+    reference = GreedyDecoder(bf16_lm, NEW_TOKENS).generate(ids)
+    div = explain_divergence(bf16_lm, ids, reference, wrong_tr(bf16_lm, monkeypatch, ids))
+    assert div is not None and div.cause == BUG
