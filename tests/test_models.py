@@ -87,3 +87,33 @@ def test_conversation_templates(tiny_lm):
     class Chatty:
         chat_template = "{{ messages }}"
     assert pick_template(Chatty(), "lmsys/vicuna-7b-v1.3") == CHAT  # a template of its own wins
+
+
+def test_a_vicuna_folder_with_a_sentencepiece_tokenizer_loads_with_its_template(tmp_path, tiny_lm):
+    """Vicuna repositories ship only ``tokenizer.model`` (sentencepiece) and no chat template."""
+    import json
+
+    import sentencepiece as spm
+
+    from tr_core import TokenRecyclingDecoder
+    from tr_core.templates import VICUNA
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join(["A chat between a curious user and an artificial intelligence assistant.",
+                                 "USER: what does the cat do? ASSISTANT: the cat sat on the mat."] * 40))
+    folder = tmp_path / "vicuna-tiny"
+    folder.mkdir()
+    spm.SentencePieceTrainer.train(input=str(corpus), model_prefix=str(folder / "tokenizer"), vocab_size=96,
+                                   model_type="bpe", unk_id=0, bos_id=1, eos_id=2, pad_id=-1,
+                                   hard_vocab_limit=False, minloglevel=2)
+    (folder / "tokenizer.vocab").unlink()
+    (folder / "tokenizer_config.json").write_text(json.dumps(
+        {"tokenizer_class": "LlamaTokenizer", "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"}))
+    tiny_lm.model.save_pretrained(folder)
+    lm = load_model(str(folder), device="cpu")
+    assert lm.template == VICUNA
+    ids = lm.encode_prompt("what does the cat do?")
+    assert lm.tokenizer.decode(ids, skip_special_tokens=True).endswith("USER: what does the cat do? ASSISTANT:")
+    dec = TokenRecyclingDecoder(lm, tree="tr-16", max_new_tokens=24)
+    from .conftest import reference_greedy
+    assert dec.generate(ids) == reference_greedy(lm, ids, 24)

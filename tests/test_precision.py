@@ -10,9 +10,10 @@ from tr_core.verify import Verdict
 NEW_TOKENS = 48
 # Prompts whose bf16 Token Recycling output leaves bf16 greedy's within NEW_TOKENS on this model.
 BF16_PROMPTS = [
-    "Write a short poem about the sea.",
-    "What is 17 times 23? Explain step by step.",
-    "Explain how a bicycle works, in a few short paragraphs.",
+    "Who wrote Pride and Prejudice, and when was it published?",
+    "List three uses of copper.",
+    "Summarize: Token Recycling stores candidate tokens from past forward passes in a matrix "
+    "and reuses them as drafts, so decoding needs fewer forward passes without changing the output.",
 ]
 
 
@@ -75,7 +76,7 @@ def test_bf16_divergences_on_the_embedded_model_are_near_ties(bf16_lm):
 
 
 def test_bf16_wrong_verifier_is_a_bug(bf16_lm, monkeypatch):
-    ids = bf16_lm.encode_prompt(BF16_PROMPTS[0])
+    ids = bf16_lm.encode_prompt(BF16_PROMPTS[1])
     reference = GreedyDecoder(bf16_lm, NEW_TOKENS).generate(ids)
     div = explain_divergence(bf16_lm, ids, reference, wrong_tr(bf16_lm, monkeypatch, ids))
     assert div is not None and div.cause == BUG
