@@ -148,3 +148,47 @@ def _ints(v) -> list[int]:
 def _need(ok, what: str) -> None:
     if not ok:
         raise ValueError(f"bad {what}")
+
+
+def record_run(lm, prompt: str, decoder, greedy, settings: dict | None = None) -> Run:
+    """Run ``decoder`` to the end on ``prompt`` with ``greedy`` catching up after each step, as the app's
+    race does, and return the run (header, steps, greedy's progress, both outputs, token texts)."""
+    ids = lm.encode_prompt(prompt)
+    decoder.start(ids)
+    greedy.start(ids)
+    baseline = []
+    while not decoder.done:
+        decoder.step()
+        while not greedy.done and len(greedy.output) < len(decoder.output):
+            greedy.step()
+        baseline.append({"tokens": len(greedy.output), "forwards": len(greedy.steps),
+                         "seconds": sum(s.seconds for s in greedy.steps)})
+    header = {"model": lm.name, "dtype": str(lm.dtype).replace("torch.", ""), "device": str(lm.device),
+              "template": "chat template" if getattr(lm.tokenizer, "chat_template", None) else "plain text",
+              "method": decoder.method, "settings": dict(settings or {}), "prompt": prompt, "prompt_ids": ids}
+    special = set(getattr(lm.tokenizer, "all_special_ids", []) or []) | set(lm.eos_token_ids)
+    return make_run(header, decoder.steps, baseline, {"method": decoder.output, "baseline": greedy.output},
+                    lm.token_text, special)
+
+
+def save_runs(folder, lm, prompts, specs, max_new_tokens: int) -> list[str]:
+    """``python -m tr_core.bench ... --save-runs DIR``: one run file per prompt and method (the
+    bench's ``MethodSpec``s; greedy itself is the baseline, not saved), named by question and method."""
+    from pathlib import Path
+
+    from .decoders import GreedyDecoder
+
+    out = Path(folder)
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for p in prompts:
+        for spec in specs:
+            if spec.name == "greedy":
+                continue
+            run = record_run(lm, p.text, spec.make(lm, max_new_tokens), GreedyDecoder(lm, max_new_tokens),
+                             {"method": spec.name, "tree": getattr(spec, "tree", None) or "",
+                              "max_new_tokens": max_new_tokens})
+            path = out / f"{p.question_id}-{spec.name}.json".replace("/", "_")
+            write_run(run, path)
+            written.append(str(path))
+    return written
