@@ -185,7 +185,7 @@ def wire(demo: gr.Blocks, h: Handlers, session, ui: dict, cmp: dict, hub: ModelH
     cmp["go"].click(gpu_task(compare_handler(hub, cap)), [ui["prompt"], s["model"], s["max_new"]],
                     [cmp["plot"], cmp["table"]], **model)
     demo.load(lambda progress=gr.Progress(): warm_or_say(hub, progress), None, ui["status"], **model)
-    demo.load(lambda: h.render(h.session(None, None))[1:], None, views[1:])
+    demo.load(lambda: h.render(h.session(None, None))[1:-1], None, views[1:-1])  # not the status: warm-up's
     demo.unload(h.on_unload)
 
 

@@ -33,7 +33,7 @@ def open_page(browser, url, width=1280, height=800):
 
     page = browser.new_page(viewport={"width": width, "height": height}, accept_downloads=True)
     page.goto(url)
-    expect(page.locator("#status")).to_contain_text("Ready", timeout=120_000)
+    expect(page.locator("#status")).to_contain_text("Ready", timeout=300_000)
     return page
 
 
