@@ -1,6 +1,8 @@
 """Token Recycling, step by step, against plain greedy decoding (``python app.py``).
 
-Layout and event wiring only: the method lives in ``tr_core``, the panels in ``components``.
+The page's outline and its wiring: the method lives in ``tr_core``, the handlers and panels in
+``components`` (``handlers`` for stepping, ``run_files`` for saving and replaying runs, ``compare``
+for all methods on one prompt, ``startup`` for loading).
 """
 from __future__ import annotations
 
@@ -10,227 +12,197 @@ import os
 from pathlib import Path
 
 import gradio as gr
-import torch
 
-from components.memory import release_freed_memory
+from components.compare import compare_handler
+from components.handlers import Handlers, gpu_wrapped, ui_running
 from components.model_hub import ModelHub
-from components.session import METHODS, Session, Settings, UserError
+from components.run_files import RunFiles, example_runs
+from components.session import METHODS
+from components.startup import warm_up
 from components.zerogpu import gpu_task
 from tr_core.decoders.recycling import default_lookup, default_tree_name
 from tr_core.models import EMBEDDED_LABEL, pick_device
-from tr_core.planner import cost_curve_for
 from tr_core.trees import list_presets
 
 ASSETS = Path(__file__).with_name("assets")
 MODEL_CHOICES = [EMBEDDED_LABEL, "Qwen/Qwen2.5-0.5B-Instruct", "meta-llama/Llama-3.2-1B-Instruct",
                  "lmsys/vicuna-7b-v1.3"]
-
-
-def _error_text(err: BaseException) -> str:
-    if isinstance(err, UserError):
-        return f"⚠️ {err}"
-    if isinstance(err, torch.OutOfMemoryError):
-        return "⚠️ The device ran out of memory; this session was reset. Try a smaller tree or fewer tokens."
-    return f"⚠️ Something went wrong ({type(err).__name__}: {err}); this session was reset."
+INTRO = ("<b>♻️ Token Recycling, step by step</b>: drafts a tree from the matrix <b>M</b> (each token's k likeliest "
+         "next tokens, recycled from earlier forwards), checks it in one forward pass, races plain greedy decoding. "
+         "Keys: <kbd>S</kbd> step <kbd>P</kbd> play <kbd>R</kbd> run/stop <kbd>N</kbd>/<kbd>B</kbd> next/previous phase")
 
 
 def build_app(hub: ModelHub, cap: int = 256, default_tokens: int = 96, matrix_path: str | None = None,
               on_session_end=None) -> gr.Blocks:
-    """``matrix_path``: a hot-start matrix file shared on purpose: every session's matrix starts as
-    its own copy of it, and "Save matrix" writes it back (atomically).  ``on_session_end(session)``
-    is called after a session's state is freed (tests, monitoring)."""
-    device = pick_device(hub.device)
-    examples = json.loads((ASSETS / "examples.json").read_text())
-    trees = ["auto"] + list_presets() + ["chain-4"]
-
+    """``matrix_path``: a hot-start matrix file shared on purpose (each session starts from its own copy;
+    "Save matrix" writes it back).  ``on_session_end(session)`` is called after a session is freed."""
+    h = Handlers(hub, cap, matrix_path, on_session_end)
     with gr.Blocks(title="Token Recycling, step by step") as demo:
-        # Per-tab state.  A closed tab's session is freed at once by the unload event below (its
-        # decoders, KV caches and matrix); Gradio deletes the state object itself an hour later, or
-        # an hour after last use, and end_session runs again then (a no-op for a freed session).
-        live: dict[str, Session] = {}  # this app's sessions by browser session id
+        session = gr.State(None, time_to_live=3600, delete_callback=h.end_session)
+        gr.HTML(INTRO, elem_id="intro")
+        with gr.Tabs():
+            with gr.Tab("Step by step", elem_id="steps-tab"):
+                ui = step_tab(hub, cap, default_tokens)
+            with gr.Tab("Compare methods", elem_id="compare"):
+                cmp = compare_tab()
+        wire(demo, h, session, ui, cmp, hub, cap)
+    return demo
 
-        def end_session(sess: Session | None) -> None:
-            for key in [key for key, s in live.items() if s is sess]:
-                live.pop(key, None)
-            if sess is not None and sess.close():
-                release_freed_memory()
-                if on_session_end is not None:
-                    on_session_end(sess)
 
-        def on_unload(request: gr.Request) -> None:
-            end_session(live.get(request.session_hash))
-
-        session = gr.State(None, time_to_live=3600, delete_callback=end_session)
-        gr.Markdown("## ♻️ Token Recycling, step by step\nWatch a lossless speculative decoder draft a tree "
-                    "from recycled candidates, verify it in one forward pass, and race plain greedy decoding.")
-        with gr.Row():
-            with gr.Column(scale=3):
-                prompt = gr.Textbox(label="Prompt", lines=3, elem_id="prompt", placeholder="Ask something…")
-                gr.Examples([[e["prompt"]] for e in examples], inputs=[prompt],
-                            example_labels=[e["category"] for e in examples], label="Examples")
-                with gr.Row():
-                    step_btn = gr.Button("Step", variant="primary", elem_id="step")
-                    play_btn = gr.Button("▶ Play", elem_id="play")
-                    run_btn = gr.Button("Run to end", elem_id="run")
-                    reset_btn = gr.Button("Reset", elem_id="reset")
-                speed = gr.Slider(0.5, 5, value=2, step=0.5, label="Play speed (steps per second)")
-            with gr.Column(scale=2):
-                method = gr.Radio(list(METHODS), value=next(iter(METHODS)), label="Method", elem_id="method")
-                with gr.Accordion("Settings", open=False):
-                    default_model = EMBEDDED_LABEL if hub.default == "embedded" else hub.default
-                    model = gr.Dropdown(list(dict.fromkeys([default_model, *MODEL_CHOICES])), value=default_model,
-                                        allow_custom_value=True,
-                                        label="Model (any Hugging Face id on a GPU host)")
-                    tree = gr.Dropdown(trees, value=default_tree_name(device), label="Draft tree",
-                                       allow_custom_value=True)
-                    k = gr.Slider(1, 8, value=8, step=1, label="k (candidates per matrix row)")
-                    max_new = gr.Slider(1, cap, value=min(default_tokens, cap), step=1, label="Max new tokens")
-                    hot = gr.Checkbox(True, label="Hot start (keep the matrix between prompts)")
-                    lookup = gr.Checkbox(default_lookup(device) > 0,
-                                         label="Merge prompt lookup into the tree (off = the paper's method alone)")
-                    with gr.Row():
-                        temperature = gr.Slider(0, 2, value=0, step=0.05, elem_id="temperature",
-                                                label="Temperature (0 = greedy; above 0 = lossless sampling)")
-                        top_p = gr.Slider(0.05, 1, value=1, step=0.05, label="Top-p", elem_id="top-p")
-                        seed = gr.Number(0, precision=0, label="Seed", minimum=0)
-                    with gr.Row():
-                        reset_matrix_btn = gr.Button("Reset matrix", size="sm")
-                        save_btn = gr.Button("Save matrix", size="sm")
-                        load_btn = gr.UploadButton("Load matrix", size="sm", file_types=[".safetensors"])
-                    matrix_file = gr.File(label="Matrix file", visible=False)
-                counters = gr.HTML(elem_id="counters")
-                status = gr.Markdown(elem_id="status")
-        phases = gr.HTML(elem_id="phases")
-        with gr.Row():
+def step_tab(hub: ModelHub, cap: int, default_tokens: int) -> dict:
+    """The step-by-step view: control bar, history, phase strip, tree | matrix | counters, text and charts."""
+    ui: dict = {}
+    examples = json.loads((ASSETS / "examples.json").read_text())
+    with gr.Row(elem_id="control-bar", equal_height=False):
+        ui["prompt"] = gr.Textbox(label="Prompt (Ctrl+Enter steps)", lines=2, max_lines=4, elem_id="prompt",
+                                  placeholder="Ask something…", scale=4)
+        with gr.Column(scale=4, min_width=320):
+            with gr.Row():
+                ui["step"] = gr.Button("Step", variant="primary", elem_id="step", min_width=50, size="sm")
+                ui["play"] = gr.Button("▶ Play", elem_id="play", min_width=50, size="sm")
+                ui["run"] = gr.Button("Run to end", elem_id="run", min_width=70, size="sm")
+                ui["stop"] = gr.Button("■ Stop", elem_id="stop", variant="stop", visible=False, min_width=70, size="sm")
+                ui["reset"] = gr.Button("Reset", elem_id="reset", min_width=50, size="sm")
+            with gr.Row():
+                ui["teach"] = gr.Checkbox(False, label="Teach mode (phase by phase)", elem_id="teach", min_width=120)
+                ui["prev"] = gr.Button("◀ Phase", elem_id="phase-prev", size="sm", min_width=60)
+                ui["next"] = gr.Button("Phase ▶", elem_id="phase-next", size="sm", min_width=60)
+        with gr.Column(scale=3, min_width=260):
+            ui["method"] = gr.Dropdown(list(METHODS), value=next(iter(METHODS)), label="Method", elem_id="method")
+    with gr.Row(elem_id="history-bar", equal_height=True):
+        ui["history"] = gr.Slider(1, 2, value=1, step=1, label="History (steps appear here)", elem_id="history",
+                                  interactive=False, scale=5)
+        ui["speed"] = gr.Slider(0.5, 5, value=2, step=0.5, label="Play: steps/s", scale=1, min_width=120,
+                                )
+        ui["example_run"] = gr.Dropdown(example_runs(), value=None, label="Example runs",
+                                        elem_id="example-runs", scale=2, min_width=160)
+        ui["example"] = gr.Dropdown([(f"{e['category']}: {e['prompt'][:50]}", e["prompt"]) for e in examples],
+                                    value=None, label="Example prompts", elem_id="examples", scale=2, min_width=160)
+        ui["open"] = gr.UploadButton("Open run…", file_types=[".json"], elem_id="open-run", size="sm", min_width=90)
+        ui["save"] = gr.DownloadButton("Save run", elem_id="save-run", size="sm", interactive=False, min_width=90)
+    ui["status"] = gr.Markdown(elem_id="status")
+    ui["phases"] = gr.HTML(elem_id="phases")
+    with gr.Row(elem_id="views", equal_height=False):
+        with gr.Column(scale=5, min_width=300):
             with gr.Tabs():
                 with gr.Tab("Verified tree"):
-                    tree_plot = gr.Plot(elem_id="tree-plot", label="Draft tree")
+                    ui["tree"] = gr.Plot(elem_id="tree-plot", show_label=False)
+                with gr.Tab("Acceptance map", elem_id="acceptance-tab"):
+                    ui["acceptance"] = gr.Plot(elem_id="acceptance-map", show_label=False)
                 with gr.Tab("PTD draft tree", elem_id="draft-tab"):
-                    draft_plot = gr.Plot(elem_id="draft-plot", label="PTD's evolving draft tree")
-            heatmap = gr.Plot(elem_id="matrix-heatmap", label="Matrix")
+                    ui["draft"] = gr.Plot(elem_id="draft-plot", show_label=False)
+        with gr.Column(scale=4, min_width=280):
+            ui["heatmap"] = gr.Plot(elem_id="matrix-heatmap", show_label=False)
+        with gr.Column(scale=3, min_width=240):
+            ui["counters"] = gr.HTML(elem_id="counters")
+            ui["settings"] = settings_panel(hub, cap, default_tokens)
+    with gr.Row():
+        with gr.Column(scale=3):
+            ui["text"] = gr.HTML(elem_id="output-text")
+        with gr.Column(scale=2):
+            ui["charts"] = gr.Plot(elem_id="charts", show_label=False)
+    ui["alt"] = gr.HTML(elem_id="plot-alt")
+    ui["node_pick"] = gr.Textbox(visible="hidden", elem_id="node-pick")
+    ui["token_pick"] = gr.Textbox(visible="hidden", elem_id="token-pick")
+    ui["timer"] = gr.Timer(0.5, active=False)
+    return ui
+
+
+def settings_panel(hub: ModelHub, cap: int, default_tokens: int) -> dict:
+    """Model, tree, k, tokens, hot start, lookup, sampling; the matrix file (TR's settings)."""
+    device = pick_device(hub.device)
+    s: dict = {}
+    with gr.Accordion("Settings", open=False, elem_id="settings"):
+        default_model = EMBEDDED_LABEL if hub.default == "embedded" else hub.default
+        s["model"] = gr.Dropdown(list(dict.fromkeys([default_model, *MODEL_CHOICES])), value=default_model,
+                                 allow_custom_value=True, label="Model (a Hugging Face id; a GPU host for big ones)")
+        s["tree"] = gr.Dropdown(["auto", *list_presets(), "chain-4"], value=default_tree_name(device),
+                                allow_custom_value=True, elem_id="tree-field",
+                                label="Draft tree (a preset, chain-N, or JSON rank paths like [[0],[1],[0,0]])")
+        s["k"] = gr.Slider(1, 8, value=8, step=1, label="k (candidates per matrix row)")
+        s["max_new"] = gr.Slider(1, cap, value=min(default_tokens, cap), step=1, label="Max new tokens")
+        s["hot"] = gr.Checkbox(True, label="Hot start (keep the matrix between prompts)")
+        s["lookup"] = gr.Checkbox(default_lookup(device) > 0, label="Merge prompt lookup into the tree")
+        s["temperature"] = gr.Slider(0, 2, value=0, step=0.05, elem_id="temperature",
+                                     label="Temperature (0 = greedy; above 0 = lossless sampling)")
+        s["top_p"] = gr.Slider(0.05, 1, value=1, step=0.05, label="Top-p", elem_id="top-p")
+        s["seed"] = gr.Number(0, precision=0, label="Seed", minimum=0)
         with gr.Row():
-            with gr.Column(scale=3):
-                text = gr.HTML(elem_id="output-text")
-            with gr.Column(scale=2):
-                charts = gr.Plot(elem_id="charts", label="Acceptance and speedup")
-        timer = gr.Timer(0.5, active=False)
+            s["reset_matrix"] = gr.Button("Reset matrix", size="sm")
+            s["save_matrix"] = gr.Button("Save matrix", size="sm")
+            s["load_matrix"] = gr.UploadButton("Load matrix", size="sm", file_types=[".safetensors"])
+        s["matrix_file"] = gr.File(label="Matrix file", visible=False)
+    return s
 
-        settings_inputs = [model, tree, k, max_new, hot, lookup, method, temperature, top_p, seed]
-        views = [tree_plot, draft_plot, heatmap, text, counters, charts, phases]
 
-        def settings(model_, tree_, k_, max_new_, hot_, lookup_, method_, temperature_=0.0, top_p_=1.0,
-                     seed_=0) -> Settings:
-            return Settings(str(model_ or ""), str(tree_ or "default"), int(k_ or 8),
-                            int(max_new_) if max_new_ is not None else 0, bool(hot_), 10 if lookup_ else 0,
-                            METHODS.get(method_, str(method_)), float(temperature_ or 0.0),
-                            float(top_p_ if top_p_ is not None else 1.0), int(seed_ or 0))
+def compare_tab() -> dict:
+    c: dict = {}
+    gr.Markdown("One prompt (the one in the step-by-step tab), each method run to the end on a fresh matrix: "
+                "greedy, TR with the auto tree, TR with the paper's 80-node tree, PTD and prompt lookup (PLD).")
+    c["go"] = gr.Button("Run all five methods", variant="primary", elem_id="compare-run")
+    c["plot"] = gr.Plot(elem_id="compare-plot", show_label=False)
+    c["table"] = gr.HTML(elem_id="compare-table")
+    return c
 
-        def render(sess: Session, message: str = ""):
-            return (sess, *sess.views(), message or sess.message)
 
-        def failed(sess: Session, err: Exception):
-            """Every failure becomes words in the page; an unexpected one also resets the session."""
-            if not isinstance(err, UserError):
-                sess.reset()
-            return render(sess, _error_text(err))
+def wire(demo: gr.Blocks, h: Handlers, session, ui: dict, cmp: dict, hub: ModelHub, cap: int) -> None:
+    """Events: model work in one concurrency group (one forward at a time); the rest answers at once."""
+    s, gpu, files = ui["settings"], gpu_wrapped(h), RunFiles(h)
+    settings_inputs = [s[k] for k in ("model", "tree", "k", "max_new", "hot", "lookup")] + [ui["method"]] + \
+        [s[k] for k in ("temperature", "top_p", "seed")]
+    views = [session] + [ui[k] for k in ("tree", "draft", "heatmap", "text", "counters", "charts", "phases",
+                                         "acceptance", "alt", "history", "status")]
+    step_in = [ui["prompt"], *settings_inputs, ui["teach"], session]
+    model = dict(concurrency_id="model", concurrency_limit=1)
+    play = [ui["timer"], ui["play"]]
+    buttons = [ui["step"], ui["play"], ui["run"], ui["stop"]]
+    prepare = dict(fn=files.prepare, inputs=session, outputs=ui["save"])
 
-        def new_session(request: gr.Request | None) -> Session:
-            sess = Session(start_file=matrix_path)
-            if request is not None and request.session_hash:
-                live[request.session_hash] = sess
-            return sess
+    ui["step"].click(gpu["step"], step_in, views, api_name="do_step", **model).then(**prepare)
+    ui["prompt"].submit(gpu["step"], step_in, views, **model).then(**prepare)
+    ui["next"].click(gpu["next_frame"], step_in, views, **model).then(**prepare)
+    ui["prev"].click(h.prev_frame, session, views)
+    run = ui["run"].click(lambda: ui_running(True), None, buttons)
+    run.then(gpu["run"], step_in, views, api_name="do_run", **model).then(
+        lambda: ui_running(False), None, buttons).then(**prepare)
+    ui["stop"].click(h.stop, session, play)
+    ui["timer"].tick(gpu["tick"], step_in, views + play, **model).then(**prepare)
+    ui["play"].click(toggle_play, [ui["play"], ui["speed"]], play)
+    ui["speed"].change(lambda v: gr.Timer(value=1.0 / float(v)), ui["speed"], ui["timer"])
+    ui["reset"].click(h.reset, session, views + play).then(**prepare)
+    ui["history"].input(h.history, [ui["history"], session], views)
+    ui["teach"].change(h.teach_toggled, [ui["teach"], session], views)
+    ui["node_pick"].input(h.pick_node, [ui["node_pick"], session], views)
+    ui["token_pick"].input(h.pick_token, [ui["token_pick"], session], views)
+    ui["example"].input(lambda p: p or gr.skip(), ui["example"], ui["prompt"])
+    ui["open"].upload(files.upload, [ui["open"], session], views).then(**prepare)
+    ui["example_run"].input(files.example, [ui["example_run"], session], views).then(**prepare)
+    tr_only = [s["tree"], s["k"], s["hot"], s["lookup"]]
+    ui["method"].change(lambda m: [gr.update(visible=METHODS.get(m) == "tr")] * len(tr_only), ui["method"], tr_only)
+    s["reset_matrix"].click(h.reset_matrix, session, views, **model)
+    s["save_matrix"].click(h.save_matrix, session, [session, s["matrix_file"], ui["status"]], **model)
+    s["load_matrix"].upload(h.load_matrix, [s["load_matrix"], *settings_inputs, session], views, **model)
+    cmp["go"].click(gpu_task(compare_handler(hub, cap)), [ui["prompt"], s["model"], s["max_new"]],
+                    [cmp["plot"], cmp["table"]], **model)
+    demo.load(lambda progress=gr.Progress(): warm_or_say(hub, progress), None, ui["status"], **model)
+    demo.load(lambda: h.render(h.session(None, None))[1:-1], None, views[1:-1])  # not the status: warm-up's
+    demo.unload(h.on_unload)
 
-        @gpu_task
-        def do_step(request: gr.Request, prompt_, *args):
-            *rest, sess = args
-            sess = sess or new_session(request)
-            try:
-                sess.step(hub, prompt_, settings(*rest), cap)
-                return render(sess)
-            except Exception as err:
-                return failed(sess, err)
 
-        @gpu_task(duration=120)
-        def do_run(request: gr.Request, prompt_, *args):
-            *rest, sess = args
-            sess = sess or new_session(request)
-            try:
-                sess.step(hub, prompt_, settings(*rest), cap)
-                yield render(sess)
-                while not sess.closed and not sess.race.done:  # closed: its tab went away
-                    sess.advance()
-                    yield render(sess)
-            except Exception as err:
-                yield failed(sess, err)
+def warm_or_say(hub: ModelHub, progress) -> str:
+    """Start-up in words: ready, or why not (the page still opens and replays run files)."""
+    from components.handlers import error_text
 
-        def do_tick(request: gr.Request, prompt_, *args):
-            out = do_step(request, prompt_, *args)
-            sess = out[0]
-            if sess.race is not None and not sess.race.done and not out[-1].startswith("⚠️"):
-                return (*out, gr.skip(), gr.skip())  # keep playing, unless Pause was pressed meanwhile
-            return (*out, gr.Timer(active=False), gr.Button(value="▶ Play"))
+    try:
+        return warm_up(hub, progress)
+    except Exception as err:
+        return error_text(err).replace("this session was reset", "run files still open and replay") + \
+            " Example runs and run files still replay without a model."
 
-        def toggle_play(label, steps_per_s):
-            start = label.startswith("▶")
-            return (gr.Timer(value=1.0 / float(steps_per_s), active=start),
-                    gr.Button(value="⏸ Pause" if start else "▶ Play"))
 
-        def do_reset(request: gr.Request, sess):
-            sess = sess or new_session(request)
-            sess.reset()
-            return (*render(sess, "Reset."), gr.Timer(active=False), gr.Button(value="▶ Play"))
-
-        def do_reset_matrix(request: gr.Request, sess):
-            sess = sess or new_session(request)
-            if sess.matrix is not None:
-                sess.matrix.reset()
-            return render(sess, "The matrix is back to zeros: drafts start from token 0 until rows fill.")
-
-        def do_save(request: gr.Request, sess):
-            sess = sess or new_session(request)
-            try:
-                path = sess.save_matrix()
-                where = f" and to {matrix_path}, which new sessions start from" if matrix_path else ""
-                return sess, gr.File(value=path, visible=True), f"Matrix saved{where}: download it below."
-            except UserError as err:
-                return sess, gr.File(visible=False), _error_text(err)
-
-        def do_load(request: gr.Request, file, *args):
-            *rest, sess = args
-            sess = sess or new_session(request)
-            try:
-                sess.load_matrix(hub, file if isinstance(file, str) else file.name, settings(*rest))
-                return render(sess, "Matrix loaded: the next step drafts from it.")
-            except UserError as err:
-                return render(sess, _error_text(err))
-
-        @gpu_task
-        def warm_up(progress=gr.Progress()):
-            progress(0.1, desc="Loading the model (about 15 s on a CPU)…")
-            try:
-                lm = hub.get(None)
-                progress(0.7, desc="Measuring the forward cost curve for the auto tree…")
-                cost_curve_for(lm)
-            except Exception as err:
-                return _error_text(err)
-            return f"Ready: {lm.name} on {lm.device} ({str(lm.dtype).replace('torch.', '')})."
-
-        model_work = dict(concurrency_id="model", concurrency_limit=1)
-        step_inputs = [prompt, *settings_inputs, session]
-        step_btn.click(do_step, step_inputs, [session, *views, status], **model_work)
-        prompt.submit(do_step, step_inputs, [session, *views, status], **model_work)
-        run_btn.click(do_run, step_inputs, [session, *views, status], **model_work)
-        timer.tick(do_tick, step_inputs, [session, *views, status, timer, play_btn], **model_work)
-        play_btn.click(toggle_play, [play_btn, speed], [timer, play_btn])
-        speed.change(lambda s: gr.Timer(value=1.0 / float(s)), speed, timer)
-        reset_btn.click(do_reset, session, [session, *views, status, timer, play_btn])
-        reset_matrix_btn.click(do_reset_matrix, session, [session, *views, status], **model_work)
-        save_btn.click(do_save, session, [session, matrix_file, status], **model_work)
-        load_btn.upload(do_load, [load_btn, *settings_inputs, session], [session, *views, status], **model_work)
-        demo.load(warm_up, None, status, **model_work)
-        demo.unload(on_unload)
-        demo.load(lambda: render(Session())[1:-1], None, views)
-    return demo
+def toggle_play(label: str, steps_per_s: float):
+    start = label.startswith("▶")
+    return gr.Timer(value=1.0 / float(steps_per_s), active=start), gr.Button(value="❚❚ Pause" if start else "▶ Play")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -244,7 +216,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--max-new-tokens-cap", type=int, default=int(env("TR_MAX_NEW_TOKENS", "256")))
     ap.add_argument("--queue-size", type=int, default=int(env("TR_QUEUE_SIZE", "64")))
     ap.add_argument("--matrix", default=env("TR_MATRIX"),
-                    help="hot-start matrix file shared by all sessions (each starts from a copy; Save writes it)")
+                    help="hot-start matrix file shared by all sessions (each starts from a copy; operator only)")
     args = ap.parse_args(argv)
     hub = ModelHub(args.device, args.dtype, default=args.model)
     demo = build_app(hub, cap=args.max_new_tokens_cap, matrix_path=args.matrix)
@@ -252,9 +224,10 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def serve(demo: gr.Blocks, host: str = "127.0.0.1", port: int = 7860, queue_size: int = 64, **launch_kw):
-    """Queue and launch with the app's stylesheet (on localhost unless told otherwise; never shared)."""
+    """Queue and launch with the app's stylesheet and keyboard script (on localhost unless told; never shared)."""
     demo.queue(max_size=queue_size)
     return demo.launch(server_name=host, server_port=port, css=(ASSETS / "style.css").read_text(),
+                       js=(Path(__file__).with_name("components") / "keyboard.js").read_text(),
                        show_error=False, share=False, **launch_kw)
 
 

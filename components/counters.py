@@ -5,7 +5,9 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 
-def counters_html(fig: dict | None, method_label: str = "Token Recycling", sampled: bool = False) -> str:
+def counters_html(fig: dict | None, method_label: str = "Token Recycling", sampled: bool = False,
+                  extra: str = "") -> str:
+    """``extra``: one more sentence under the verdict (e.g. why two precisions part)."""
     if not fig:
         return '<div class="counters-empty">Counters appear after the first step.</div>'
     tr, g = fig["tr"], fig["greedy"]
@@ -28,7 +30,8 @@ def counters_html(fig: dict | None, method_label: str = "Token Recycling", sampl
         + row("tokens / forward (MAT)", f"{tr['mat']:.2f}", f"{g['mat']:.2f}")
         + row("tokens / s", f"{tr['tok_per_s']:.1f}", f"{g['tok_per_s']:.1f}")
         + f"<tr class='speedup'><th>speedup</th><td colspan=2><b>{fig['speedup']:.2f}×</b></td></tr></table>"
-        + f"<div class='same'>{same}</div>")
+        + f"<div class='same'>{same}</div>"
+        + (f"<div class='extra'>{extra}</div>" if extra else ""))
 
 
 def charts_figure(accepted_lengths: list[int], speedups: list[float], max_len: int = 7) -> go.Figure:
@@ -41,8 +44,13 @@ def charts_figure(accepted_lengths: list[int], speedups: list[float], max_len: i
                              line=dict(color="#1f4e99"), hovertemplate="step %{x}: %{y:.2f}×<extra></extra>"),
                   row=1, col=2)
     fig.add_hline(y=1.0, line=dict(color="#999", dash="dot", width=1), row=1, col=2)
-    fig.update_layout(height=220, margin=dict(l=10, r=10, t=30, b=10), showlegend=False, plot_bgcolor="white",
+    fig.update_layout(height=250, margin=dict(l=10, r=10, t=30, b=10), showlegend=False, plot_bgcolor="white",
                       uirevision="charts")
-    fig.update_xaxes(dtick=1, row=1, col=1)
+    fig.update_xaxes(dtick=1, title_text="tokens committed in one step", row=1, col=1)
+    fig.update_yaxes(title_text="steps", row=1, col=1)
+    fig.update_xaxes(title_text="step", row=1, col=2)
+    fig.update_yaxes(title_text="speedup over greedy (×)", row=1, col=2)
+    fig.update_xaxes(title_font_size=11)
+    fig.update_yaxes(title_font_size=11)
     fig.update_annotations(font_size=12)
     return fig

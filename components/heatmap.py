@@ -3,53 +3,83 @@ from __future__ import annotations
 
 import plotly.graph_objects as go
 
-from tr_core.trace import Step
+from tr_core.trace import RowUpdate, Step
 
 from .tokens import visible
+from .tree_plot import HEIGHT, titled
 
-MAX_ROWS = 24
-# 0 = same token at the same rank, 1 = moved from another rank, 2 = new to the row
-SCALE = [[0.0, "#eef1f4"], [0.33, "#eef1f4"], [0.34, "#ffe08a"], [0.66, "#ffe08a"], [0.67, "#f08a4b"],
-         [1.0, "#f08a4b"]]
+MAX_ROWS = 20
+# 0 = same token at the same rank, 1 = moved from another rank, 2 = new to the row, 3 = empty (never written)
+SCALE = [[0.0, "#eef1f4"], [0.24, "#eef1f4"], [0.25, "#ffe08a"], [0.49, "#ffe08a"], [0.5, "#f08a4b"],
+         [0.74, "#f08a4b"], [0.75, "#ffffff"], [1.0, "#ffffff"]]
+AFTER = ("row = a token (·123 its id; ▶ on the accepted path), column = rank; <b>after</b> this step's writes"
+         "<br><span style='color:#999'>■</span> unchanged <span style='color:#e0b000'>■</span> moved within the "
+         "row <span style='color:#f08a4b'>■</span> new to the row · ∅ never written")
+BEFORE = ("row = a token (·123 its id; ▶ on the accepted path), column = rank<br>shown <b>before</b> this step's "
+          "writes: what the drafts were read from · ∅ never written")
+EMPTY_START = ("The matrix is empty: drafts start to hit after a few steps; big trees cost more on a CPU.")
 
 
-def heatmap_figure(step: Step | None, token_text) -> go.Figure:
+def heatmap_figure(step: Step | None, token_text, frame: int = 0, picked: list[int] | None = None) -> go.Figure:
+    """``frame`` 1-3 (Teach mode before recycling) shows the rows before the writes; ``picked``: row
+    tokens to outline (the row a clicked node was drafted from and the row it wrote)."""
     fig = go.Figure()
-    fig.update_layout(margin=dict(l=10, r=10, t=40, b=10), height=430, plot_bgcolor="white",
-                      title=dict(text="Matrix rows recycled this step", x=0.01, font_size=14))
+    before = frame in (1, 2, 3)
+    fig.update_layout(margin=dict(l=6, r=6, t=58, b=4), height=HEIGHT, plot_bgcolor="white")
+    titled(fig, "The matrix M: each token's k candidates", BEFORE if before else AFTER)
     if step is None or not step.rows_written:
         words = {"greedy": "Greedy decoding keeps no matrix",
                  "ptd": "PTD keeps no matrix: its drafts come from the draft-tree tab's tries"}
-        fig.add_annotation(text=words.get(step.method, "No rows written yet") if step else "No rows written yet",
-                           showarrow=False, font_size=14)
+        fig.add_annotation(text=words.get(step.method, "No rows written yet") if step else
+                           "No rows yet: press Step. " + EMPTY_START, showarrow=False, font_size=13)
         fig.update_layout(xaxis=dict(visible=False), yaxis=dict(visible=False))
         return fig
-    path_tokens = [step.tree.tokens[i] for i in step.accepted_path]
-    rows = sorted(step.rows_written, key=lambda r: (r.token not in path_tokens,
-                                                    path_tokens.index(r.token) if r.token in path_tokens else 0))
+    rows = _ordered_rows(step, picked or [])
     shown = rows[:MAX_ROWS]
+    path_tokens = {step.tree.tokens[i] for i in step.accepted_path}
     z, text, hover, ylabels = [], [], [], []
     for r in shown:
-        zr, tr_, hr = [], [], []
-        for j, (o, n) in enumerate(zip(r.old, r.new)):
-            zr.append(0 if o == n else (1 if n in r.old else 2))
-            tr_.append(visible(token_text(n), 8))
-            hr.append(f"row {visible(token_text(r.token), 20)} (id {r.token}), rank {j}<br>"
-                      f"{visible(token_text(o), 20)} ({o}) → {visible(token_text(n), 20)} ({n})")
+        zr, tr_, hr = _row_cells(r, token_text, before)
         z.append(zr)
         text.append(tr_)
         hover.append(hr)
-        mark = "▶ " if r.token in path_tokens else ""
-        ylabels.append(f"{mark}{visible(token_text(r.token), 12)} ·{r.token}")
+        ylabels.append(f"{'▶ ' if r.token in path_tokens else ''}{visible(token_text(r.token), 12)} ·{r.token}")
     k = len(shown[0].new)
     fig.add_trace(go.Heatmap(z=z, x=[f"#{j}" for j in range(k)], y=list(range(len(shown))), text=text,
-                             texttemplate="%{text}", textfont=dict(size=10), hovertext=hover,
-                             hoverinfo="text", zmin=0, zmax=2, colorscale=SCALE, showscale=False,
-                             xgap=1, ygap=1))
-    more = f" (+{len(rows) - len(shown)} more rows)" if len(rows) > len(shown) else ""
-    fig.update_layout(
-        title=dict(text=f"Matrix rows recycled this step: {len(rows)}{more}"),
-        yaxis=dict(tickmode="array", tickvals=list(range(len(shown))), ticktext=ylabels, autorange="reversed",
-                   tickfont=dict(size=10)),
-        xaxis=dict(side="top", title=None), height=max(260, 60 + 17 * len(shown)))
+                             texttemplate="%{text}", textfont=dict(size=10), hovertext=hover, hoverinfo="text",
+                             zmin=0, zmax=3, colorscale=SCALE, showscale=False, xgap=1, ygap=1))
+    for n, r in enumerate(shown):
+        if r.token in (picked or []):
+            fig.add_shape(type="rect", x0=-0.5, x1=k - 0.5, y0=n - 0.5, y1=n + 0.5, line=dict(color="#d0455b", width=3))
+    more = f" (+{len(rows) - len(shown)} more)" if len(rows) > len(shown) else ""
+    blank = sum(1 for r in step.rows_written if not any(r.old))
+    note = f" · {blank} were empty" if blank else ""
+    titled(fig, f"The matrix M: {len(rows)} rows written this step{more}{note}", BEFORE if before else AFTER)
+    fig.update_layout(yaxis=dict(tickmode="array", tickvals=list(range(len(shown))), ticktext=ylabels,
+                                 autorange="reversed", tickfont=dict(size=10)), xaxis=dict(side="top", title=None))
     return fig
+
+
+def _ordered_rows(step: Step, picked: list[int]) -> list[RowUpdate]:
+    """Picked rows first, then the accepted path's rows in path order, then the rest."""
+    path = [step.tree.tokens[i] for i in step.accepted_path]
+    def key(r: RowUpdate):
+        return (r.token not in picked, r.token not in path, path.index(r.token) if r.token in path else 0)
+    return sorted(step.rows_written, key=key)
+
+
+def _row_cells(r: RowUpdate, token_text, before: bool):
+    empty_before = not any(r.old)
+    zr, tr_, hr = [], [], []
+    for j, (o, n) in enumerate(zip(r.old, r.new)):
+        old_text = "∅" if empty_before else visible(token_text(o), 8)
+        if before:
+            zr.append(3 if empty_before else 0)
+            tr_.append(old_text)
+        else:
+            zr.append(2 if empty_before else (0 if o == n else (1 if n in r.old else 2)))
+            tr_.append(visible(token_text(n), 8))
+        was = "∅ (never written)" if empty_before else f"{visible(token_text(o), 20)} ({o})"
+        hr.append(f"row {visible(token_text(r.token), 20)} (id {r.token}), rank {j}<br>"
+                  f"{was} → {visible(token_text(n), 20)} ({n})")
+    return zr, tr_, hr

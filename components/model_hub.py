@@ -1,9 +1,31 @@
 """One loaded model per spec, shared by every session of the app (never module-level state)."""
 from __future__ import annotations
 
+import re
 import threading
 
 from tr_core.models import EMBEDDED, LoadedModel, ModelLoadError, load_model
+
+
+HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
+PROBE_SECONDS = 4.0
+
+
+def check_hub_id(spec: str) -> None:
+    """A model a visitor names is a Hub id (never a server path), answered within seconds: found in the
+    local cache, or asked of the Hub with a short timeout (offline, an unknown id fails at once)."""
+    if not HUB_ID.fullmatch(spec) or ".." in spec:
+        raise ModelLoadError(f"Could not load {spec[:80]!r}: name a Hugging Face model id such as "
+                             "Qwen/Qwen2.5-0.5B-Instruct.")
+    from huggingface_hub import model_info, try_to_load_from_cache
+
+    if isinstance(try_to_load_from_cache(spec, "config.json"), str):
+        return
+    try:
+        model_info(spec, timeout=PROBE_SECONDS)
+    except Exception as err:  # not found, gated, offline, unreachable: all mean "cannot load it now"
+        raise ModelLoadError(f"Could not load {spec!r}: it is not in this machine's model cache and the Hub "
+                             f"did not offer it ({type(err).__name__}).") from None
 
 
 class ModelHub:
@@ -30,6 +52,8 @@ class ModelHub:
         if key != EMBEDDED and not self.allow_other_models:
             raise ModelLoadError("This server only runs the embedded model.")
         with self._lock:
+            if key not in self._models and key != self.default and key != EMBEDDED:
+                check_hub_id(key)  # a visitor's choice; the operator's default may be a folder or file
             if key not in self._models:
                 lm = load_model(None if key == EMBEDDED else key, self.device, self.dtype)
                 while len(self._models) >= self.keep:

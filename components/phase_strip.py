@@ -8,7 +8,30 @@ from tr_core.trace import Step
 from .tokens import visible
 
 
-def phase_html(step: Step | None, token_text) -> str:
+EARLY = ("Early steps: the matrix is still mostly empty (∅), so few drafts hit yet, and every draft token "
+         "costs forward time (big trees cost more on a CPU): early steps can be slower than greedy.")
+
+
+def phase_html(step: Step | None, token_text, frame: int = 0) -> str:
+    """``frame``: 0 the whole step, 1-4 the phase Teach mode is showing (highlighted)."""
+    return _with_frame(_phase_body(step, token_text), frame, step)
+
+
+def _with_frame(body: str, frame: int, step: Step | None) -> str:
+    if frame:
+        body = body.replace(f'<div class="ph-cell"><span class="ph">{frame}.',
+                            f'<div class="ph-cell ph-now"><span class="ph">{frame}.')
+    if step is not None and step.method == "tr" and _early(step):
+        body += f'<div class="ph-note">{EARLY}</div>'
+    return f'<div class="phases-wrap" role="region" aria-label="What this step did">{body}</div>'
+
+
+def _early(step: Step) -> bool:
+    empty = sum(1 for s in step.tree.sources if s == "empty")
+    return empty * 3 >= max(step.tree.size, 1) or (step.index <= 3 and step.accepted_drafts == 0)
+
+
+def _phase_body(step: Step | None, token_text) -> str:
     if step is None:
         return ('<div class="phases"><b>Token Recycling</b> keeps, for every token, the 8 tokens the model last '
                 'ranked highest after it. Each step it drafts a tree from that table, checks the whole tree in one '
@@ -30,15 +53,22 @@ def phase_html(step: Step | None, token_text) -> str:
              f"(prompt lookup)." if looked else "")
     cells = [
         ("retrieve", f"From the last token <b>{root}</b>, {from_matrix} draft tokens were read out of the matrix, "
-                     f"branch by branch ({ms.get('retrieve', 0):.1f} ms).{extra}"),
+                     f"branch by branch{_blank(t)} ({ms.get('retrieve', 0):.1f} ms).{extra}"),
         ("verify", f"One forward pass of {step.forward_tokens} tokens checked every branch at once, each token "
                    f"seeing only its ancestors ({ms.get('forward', 0):.0f} ms)."),
         ("accept", f"The longest branch matching the model's own choices had <b>{acc}</b> token{'s' * (acc != 1)}; "
-                   f"the model added <b>{own}</b>, so this step committed {len(step.committed)}."),
+                   f"the model added <b>{own}</b> itself, so this step committed <b>{len(step.committed)}</b> "
+                   f"({min(acc, len(step.committed))} from the draft + "
+                   f"{len(step.committed) - min(acc, len(step.committed))} of its own)."),
         ("recycle", f"The candidates the model produced at all {step.forward_tokens} positions, accepted or not, "
                     f"were written into {len(step.rows_written)} matrix rows ({ms.get('update', 0):.1f} ms)."),
     ]
     return _cells(cells)
+
+
+def _blank(t) -> str:
+    empty = sum(1 for s in t.sources if s == "empty")
+    return f"; {empty} of them from empty rows (∅, never written)" if empty else ""
 
 
 def _cells(cells: list[tuple[str, str]]) -> str:

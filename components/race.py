@@ -16,11 +16,12 @@ class Race:
     decoder: Decoder
     greedy: GreedyDecoder
     speedups: list[float] = field(default_factory=list)  # cumulative speedup after each step
+    baseline: list[dict] = field(default_factory=list)  # greedy's tokens, forwards, seconds after each step
 
     def start(self, prompt_ids: list[int]) -> None:
         self.decoder.start(prompt_ids)
         self.greedy.start(prompt_ids)
-        self.speedups = []
+        self.speedups, self.baseline = [], []
 
     @property
     def done(self) -> bool:
@@ -31,6 +32,9 @@ class Race:
         while not self.greedy.done and len(self.greedy.output) < len(self.decoder.output):
             self.greedy.step()
         self.speedups.append(self.figures()["speedup"])
+        g = self.greedy
+        self.baseline.append({"tokens": len(g.output), "forwards": len(g.steps),
+                              "seconds": sum(s.seconds for s in g.steps)})
         return step
 
     def figures(self) -> dict:

@@ -1,8 +1,9 @@
 """Per-browser-session state and the handlers' logic, free of layout (app.py wires it to Gradio)."""
 from __future__ import annotations
 
+import re
 import tempfile
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from tr_core import AdjacencyMatrix, GreedyDecoder, MatrixFileError, TokenRecyclingDecoder
@@ -10,15 +11,12 @@ from tr_core.decoders import DecodeError, ProgressiveTreeDecoder
 from tr_core.models import LoadedModel, ModelLoadError
 from tr_core.planner import TreePlanner
 from tr_core.sampling import SamplingConfig
-from tr_core.trees import TreeError
+from tr_core.runs import Run
+from tr_core.trees import TreeError, list_presets
 
-from .counters import charts_figure, counters_html
-from .heatmap import heatmap_figure
 from .model_hub import ModelHub
-from .phase_strip import phase_html
 from .race import Race
-from .text_view import output_html
-from .tree_plot import draft_figure, tree_figure
+from .run_view import RunView
 
 MAX_PROMPT_CHARS = 20_000
 METHODS = {"Token Recycling (TR)": "tr", "Progressive Tree Drafting (PTD)": "ptd"}
@@ -50,6 +48,7 @@ class Settings:
             raise UserError(str(err)) from None
 
     def validate(self, cap: int) -> None:
+        check_tree_spec(self.tree)
         self.sampling()
         if self.method not in METHODS.values():
             raise UserError(f"Unknown method {self.method!r}; use one of {sorted(METHODS.values())}.")
@@ -57,6 +56,18 @@ class Settings:
             raise UserError(f"Max new tokens must be between 1 and {cap} (got {self.max_new_tokens}).")
         if not 1 <= int(self.k) <= 8:
             raise UserError(f"k must be between 1 and 8 (got {self.k}).")
+
+
+def check_tree_spec(spec: str) -> None:
+    """A visitor's tree is a preset name, chain-N or JSON text; anything else, a server path above all,
+    gets the same refusal without the file system being looked at."""
+    spec = str(spec).strip()
+    if spec in ("auto", "default") or spec[:1] in ("[", "{") or re.fullmatch(r"chain-\d{1,3}", spec):
+        return
+    if spec in list_presets():
+        return
+    raise UserError(f"Unknown tree {spec[:60]!r}: use one of {['auto', *list_presets()]}, chain-N, "
+                    "or JSON text of rank paths such as [[0], [1], [0, 0]].")
 
 
 @dataclass
@@ -72,6 +83,13 @@ class Session:
     start_file: str | None = None  # a saved matrix every new matrix of this session starts from (TR_MATRIX)
     notice: str = ""  # said once with the next status message
     closed: bool = False  # freed when its tab closed or its state expired
+    replay: RunView | None = None  # a run opened from a file (no model needed)
+    header: dict | None = None  # the live race's run header (model, dtype, device, settings, prompt)
+    shown: int | None = None  # the step the panels show (None: the latest)
+    frame: int = 0  # Teach mode's phase frame (0: the whole step)
+    picked: int | None = None  # a tree node clicked
+    stop: bool = False  # Stop or Reset pressed while a run holds the session
+    run_folder: str | None = None  # where its run file is written for download
 
     # ---- lifecycle -------------------------------------------------------------------------
     def matrix_for(self, lm: LoadedModel, k: int, hot_start: bool) -> AdjacencyMatrix:
@@ -129,6 +147,8 @@ class Session:
         except (DecodeError, TreeError, ValueError, OSError) as err:
             raise UserError(str(err)) from None
         self.race, self.prompt, self.started_with = race, prompt, (prompt, s)
+        self.header = run_header(lm, prompt, s, race.decoder.prompt)
+        self.replay = None
 
     def needs_new_race(self, prompt: str, s: Settings) -> bool:
         return self.race is None or self.race.done or self.started_with != (prompt, s)
@@ -140,13 +160,15 @@ class Session:
         self.advance()
 
     def advance(self) -> None:
-        """One step of the current race."""
+        """One step of the current race (the panels follow it to the latest step)."""
         self.race.step()
+        self.shown, self.picked = None, None
         self.message = self.notice + ("Done: end of text or token budget reached." if self.race.done else "")
         self.notice = ""
 
     def reset(self) -> None:
         self.race, self.started_with, self.message = None, None, ""
+        self.replay, self.header, self.shown, self.frame, self.picked = None, None, None, 0, None
 
     def close(self) -> bool:
         """Free what the session holds (decoders, KV caches, matrix, planner); True when it was open
@@ -178,33 +200,30 @@ class Session:
             raise UserError(str(err)) from None
         self.race, self.started_with = None, None
 
-    # ---- views ----------------------------------------------------------------------------
+    # ---- views and run files ----------------------------------------------------------------
+    def view(self) -> RunView | None:
+        if self.replay is not None:
+            return self.replay
+        if self.race is None or not self.race.decoder.steps:
+            return None
+        return RunView.of_race(self.race, self.header or {})
+
     def views(self) -> tuple:
-        """(tree figure, draft-tree figure, heatmap figure, text html, counters html, charts figure,
-        phase html)."""
-        race = self.race
-        step = race.decoder.steps[-1] if race and race.decoder.steps else None
-        lm = race.decoder.lm if race else None
-        text_of = lm.token_text if lm else str
-        tree_title = draft_title = ""
-        if race:
-            dec = race.decoder
-            number = step.index if step else 0
-            if dec.method == "ptd":
-                used = step.tree.size if step else 0
-                tree_title = f"Candidates verified in step {number} · trie of the last token ({used} nodes)"
-                draft_title = f"PTD's draft tree after step {number} (rides along in the next forward)"
-            else:
-                used = step.tree.size if step else dec.tree.size
-                tree_title = f"Draft tree of step {number} · {dec.tree.name} ({used} nodes)"
-        return (tree_figure(step, text_of, tree_title),
-                draft_figure(step, text_of, draft_title),
-                heatmap_figure(step, text_of),
-                output_html(race.decoder.steps if race else [], text_of),
-                counters_html(race.figures() if race and step else None,
-                              "Progressive Tree Drafting" if race and race.decoder.method == "ptd" else "Token Recycling",
-                              sampled=bool(race and race.decoder.sampling)),
-                charts_figure([len(s.committed) for s in race.decoder.steps] if race else [],
-                              race.speedups if race else [],
-                              max_len=race.decoder.lookahead if race else 7),
-                phase_html(step, text_of))
+        """Every panel at the step shown (``panels.PANELS`` order)."""
+        from .panels import draw_panels
+
+        view = self.view()
+        return draw_panels(view, view.clamp(self.shown) if view else None, self.frame, self.picked)
+
+    def open_run(self, run: Run) -> None:
+        """Replay a run file: the race stops, the panels show the file's steps from the first."""
+        self.reset()
+        self.replay = RunView.of_run(run)
+        self.shown = 1
+
+
+def run_header(lm: LoadedModel, prompt: str, s: Settings, prompt_ids: list[int]) -> dict:
+    template = "chat template" if getattr(lm.tokenizer, "chat_template", None) else "plain text"
+    return {"model": lm.name, "dtype": str(lm.dtype).replace("torch.", ""), "device": str(lm.device),
+            "template": template, "method": s.method, "settings": asdict(s), "prompt": prompt,
+            "prompt_ids": list(prompt_ids)}

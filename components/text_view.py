@@ -1,4 +1,4 @@
-"""The generated text, each token coloured by how it was committed, hover giving the step."""
+"""The generated text, each token coloured by how it was committed; click a token to open its step."""
 from __future__ import annotations
 
 from tr_core.trace import Step
@@ -6,19 +6,35 @@ from tr_core.trace import Step
 from .tokens import html_text
 
 LEGEND = ('<span class="tok tok-draft">accepted draft</span> '
-          '<span class="tok tok-own">model\'s own token</span>')
+          '<span class="tok tok-own">model\'s own token</span> '
+          '<span class="tok tok-end">end</span> a special token (end of turn) · '
+          '<span class="tok tok-now">this step</span> · click a token to open the step that committed it')
 
 
-def output_html(steps: list[Step], token_text, prompt_text: str = "") -> str:
-    parts = [f'<div class="legend">{LEGEND}</div><div class="gen-text">']
+def output_html(steps: list[Step], token_text, special: set[int] = frozenset(), current: int | None = None,
+                mark: int | None = None) -> str:
+    """``current``: the step shown (its tokens outlined); ``mark``: one output position to flag
+    (e.g. where two precisions first part)."""
+    parts = [f'<div class="legend">{LEGEND}</div><div class="gen-text" role="list">']
+    pos = 0
     for step in steps:
         n = len(step.committed)
         for j, tok in enumerate(step.committed):
             is_own = j == n - 1 and step.accepted_drafts < n  # the last one is the model's own token
-            cls = "tok-own" if is_own else "tok-draft"
-            parity = "odd" if step.index % 2 else "even"
+            cls = ["tok", "tok-own" if is_own else "tok-draft", "odd" if step.index % 2 else "even"]
+            if step.index == current:
+                cls.append("tok-now")
+            if pos == mark:
+                cls.append("tok-mark")
             title = f"step {step.index}: {'model' if is_own else 'draft accepted'} · id {tok}"
-            parts.append(f'<span class="tok {cls} {parity}" title="{title}">{html_text(token_text(tok))}</span>')
+            if tok in special:
+                cls.append("tok-end")
+                body = f"end {html_text(token_text(tok))}"
+            else:
+                body = html_text(token_text(tok))
+            parts.append(f'<span class="{" ".join(cls)}" data-step="{step.index}" data-pos="{pos}" '
+                         f'title="{title}" role="listitem">{body}</span>')
+            pos += 1
     if not steps:
         parts.append('<span class="placeholder">The generated text appears here.</span>')
     parts.append("</div>")

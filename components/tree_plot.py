@@ -8,6 +8,7 @@ from tr_core.trace import Step
 
 from .tokens import visible
 
+HEIGHT = 370
 COLORS = {"root": "#1f4e99", "accepted": "#2e9d4f", "rejected": "#b8bec6", "bonus": "#e0a100",
           "lookup": "#8e44ad"}
 
@@ -27,7 +28,7 @@ def tree_layout(parents: list[int], depths: list[int]) -> dict[int, tuple[float,
 def blank_figure(title: str, uirevision: str) -> go.Figure:
     """An empty tree panel: no axes, the title top left; ``uirevision`` keeps zoom across steps."""
     fig = go.Figure()
-    fig.update_layout(uirevision=uirevision, margin=dict(l=10, r=10, t=40, b=10), height=430,
+    fig.update_layout(uirevision=uirevision, margin=dict(l=6, r=6, t=58, b=4), height=HEIGHT,
                       plot_bgcolor="white", showlegend=False, title=dict(text=title, x=0.01, font_size=14),
                       xaxis=dict(visible=False), yaxis=dict(visible=False))
     return fig
@@ -42,93 +43,158 @@ def edge_trace(edges, color: str, width: float, dash: str | None = None) -> go.S
     return go.Scatter(x=xs, y=ys, mode="lines", hoverinfo="skip", line=dict(color=color, width=width, dash=dash))
 
 
-def tree_figure(step: Step | None, token_text, title: str = "") -> go.Figure:
-    """``token_text(id) -> str``.  Accepted path green, rejected dimmed, root blue, bonus token gold."""
-    fig = blank_figure(title, "tree")
+LEGEND = ("<span style='color:#1f4e99'>●</span> root = last token · <span style='color:#2e9d4f'>●</span> accepted draft "
+          "· <span style='color:#9aa1a9'>●</span> rejected draft · <span style='color:#8e44ad'>●</span> from prompt lookup"
+          "<br>○ drafted from an empty matrix row · <span style='color:#e0a100'>★</span> the token the model added "
+          "itself · click a node")
+FRAME_LEGEND = {1: "Phase 1, retrieve: the drafts read out of the matrix, row by row<br>"
+                   "<span style='color:#6c8ebf'>●</span> a draft · ○ from an empty row (never written)",
+                2: "Phase 2, verify: one forward checks every node<br><span style='color:#2e9d4f'>●</span> the "
+                   "model chose this token after its parent · <span style='color:#d0455b'>✕</span> it chose another",
+                3: LEGEND, 4: LEGEND}
+DRAFT = "#6c8ebf"
+CROWDED = 14  # rows with more nodes than this label only their accepted nodes (hover shows all)
+
+
+def titled(fig: go.Figure, title: str, legend: str) -> None:
+    fig.update_layout(title=dict(text=f"{title}<br><span style='font-size:11px;color:#555'>{legend}</span>",
+                                 x=0.01, y=0.97, yanchor="top", font_size=13))
+
+
+def node_kind(i: int, accepted: set[int], frame: int, sources: list[str], matches: list[bool]) -> str:
+    if i == 0:
+        return "root"
+    if frame == 1:
+        return "draft"
+    if frame == 2:
+        return "match" if matches[i] else "miss"
+    return "accepted" if i in accepted else "rejected"
+
+
+KIND_STYLE = {  # colour, size, symbol
+    "root": (COLORS["root"], 22, "circle"), "accepted": (COLORS["accepted"], 16, "circle"),
+    "rejected": (COLORS["rejected"], 9, "circle"), "draft": (DRAFT, 11, "circle"),
+    "match": (COLORS["accepted"], 12, "circle"), "miss": ("#d0455b", 9, "x")}
+
+
+def tree_figure(step: Step | None, token_text, title: str = "", frame: int = 0, picked: int | None = None):
+    """``token_text(id) -> str``.  ``frame``: 0 the whole step, 1-4 Teach mode's retrieve, verify,
+    accept, recycle.  ``picked``: a node to ring (clicked).  Each node carries its index as customdata."""
+    fig = blank_figure("", "tree")
+    titled(fig, title or "Draft tree", FRAME_LEGEND.get(frame, LEGEND))
     if step is None:
         fig.add_annotation(text="Enter a prompt and press Step", showarrow=False, font_size=16)
         return fig
     t = step.tree
-    depths = list(t.depths)
-    parents = list(t.parents)
+    depths, parents = list(t.depths), list(t.parents)
     pos = tree_layout(parents, depths)
-    ys = sorted({y for _, y in pos.values()})
-    gap = (ys[-1] - ys[-2]) if len(ys) > 1 else 1.0
     accepted = set(step.accepted_path)
-    last = step.accepted_path[-1]
-    bonus_pos = (pos[last][0] + 0.1, pos[last][1] - gap * 0.45)  # between rows, clear of its parent's label
-    xs_all = [x for x, _ in pos.values()] + [bonus_pos[0]]
-    if max(xs_all) - min(xs_all) < 1.0:  # a chain or a tiny tree: keep the star close, not at the far edge
-        mid = (max(xs_all) + min(xs_all)) / 2
-        fig.update_xaxes(range=[mid - 0.6, mid + 0.6])
-
-    rejected_edges = [(pos[p], pos[i]) for i, p in enumerate(parents) if p >= 0 and i not in accepted]
-    accepted_edges = [(pos[a], pos[b]) for a, b in zip(step.accepted_path, step.accepted_path[1:])]
-    fig.add_trace(edge_trace(rejected_edges, "#dde1e6", 1))
-    fig.add_trace(edge_trace(accepted_edges, COLORS["accepted"], 4))
-    if step.committed:
-        fig.add_trace(edge_trace([(pos[last], bonus_pos)], COLORS["bonus"], 3, "dot"))
-
-    kinds, hovers, labels, xs, ys_ = [], [], [], [], []
     sources = t.sources or ["root"] + ["matrix"] * t.size
-    for i, tok in enumerate(t.tokens):
-        kind = "root" if i == 0 else ("accepted" if i in accepted else "rejected")
-        kinds.append(kind)
-        text = token_text(tok)
-        labels.append(visible(text, 10))
-        xs.append(pos[i][0])
-        ys_.append(pos[i][1])
-        if i == 0:
-            hover = f"<b>root</b> {visible(text, 30)!s} (id {tok})<br>the last committed token"
-        else:
-            p = parents[i]
-            choice = step.model_choices[p] if p < len(step.model_choices) else None
-            verdict = "accepted" if i in accepted else "rejected"
-            what = "token sampled" if step.sampled else "model's choice"
-            hover = (f"<b>{visible(text, 30)}</b> (id {tok}) — {verdict}<br>depth {depths[i]}, rank {t.ranks[i]} "
-                     f"under its parent, from {sources[i]}<br>{what} after the parent: "
-                     f"{visible(token_text(choice), 30) if choice is not None else '?'}")
-        hovers.append(hover)
-    order = sorted(range(len(kinds)), key=lambda j: kinds[j] != "rejected")  # rejected drawn first
-    fig.add_trace(go.Scatter(
-        x=[xs[j] for j in order], y=[ys_[j] for j in order], mode="markers+text",
-        text=[labels[j] for j in order], textposition="bottom center",
-        textfont=dict(size=[11 if kinds[j] != "rejected" else 9 for j in order],
-                      color=["#222" if kinds[j] != "rejected" else "#9aa1a9" for j in order]),
-        marker=dict(size=[22 if kinds[j] == "root" else 16 if kinds[j] == "accepted" else 9 for j in order],
-                    color=[COLORS["lookup"] if sources[j] == "lookup" and kinds[j] == "rejected" else COLORS[kinds[j]]
-                           for j in order],
-                    opacity=[1.0 if kinds[j] != "rejected" else 0.55 for j in order],
-                    line=dict(width=1, color="white")),
-        hovertext=[hovers[j] for j in order], hoverinfo="text"))
-    if step.committed:
-        bonus = step.model_choices[last]
-        fig.add_trace(go.Scatter(
-            x=[bonus_pos[0]], y=[bonus_pos[1]], mode="markers+text", text=[visible(token_text(bonus), 10)],
-            textposition="bottom center", marker=dict(size=18, symbol="star", color=COLORS["bonus"]),
-            hovertext=[f"<b>bonus</b> {visible(token_text(bonus), 30)} (id {bonus})<br>the model's own next "
-                       f"token after the accepted path" + (" (sampled; no child matched it)" if step.sampled else "")],
-            hoverinfo="text"))
-    if step.sampled and len(step.accepted_path) > 1:  # the draw at each level, on the path it chose
-        xs_ = [pos[i][0] for i in step.accepted_path[1:]]
-        ys2 = [pos[i][1] for i in step.accepted_path[1:]]
-        fig.add_trace(go.Scatter(x=xs_, y=ys2, mode="markers", hoverinfo="skip",
+    matches = [i > 0 and parents[i] < len(step.model_choices) and step.model_choices[parents[i]] == tok
+               for i, tok in enumerate(t.tokens)]
+    kinds = [node_kind(i, accepted, frame, sources, matches) for i in range(len(t.tokens))]
+    _frame_axes(fig, pos, depths)
+    show_path = frame in (0, 3, 4)
+    rejected_edges = [(pos[p], pos[i]) for i, p in enumerate(parents) if p >= 0 and (i not in accepted or not show_path)]
+    fig.add_trace(edge_trace(rejected_edges, "#dde1e6", 1))
+    if show_path:
+        fig.add_trace(edge_trace([(pos[a], pos[b]) for a, b in zip(step.accepted_path, step.accepted_path[1:])],
+                                 COLORS["accepted"], 4))
+    _node_trace(fig, step, token_text, pos, kinds, sources, picked)
+    if show_path and step.committed:
+        _bonus_trace(fig, step, token_text, pos, depths)
+    if step.sampled and show_path and len(step.accepted_path) > 1:  # the draw at each level, on the path it chose
+        fig.add_trace(go.Scatter(x=[pos[i][0] for i in step.accepted_path[1:]],
+                                 y=[pos[i][1] for i in step.accepted_path[1:]], mode="markers", hoverinfo="skip",
                                  marker=dict(size=26, symbol="circle-open", color=COLORS["bonus"], line_width=2)))
     return fig
 
 
+def _frame_axes(fig: go.Figure, pos: dict, depths: list[int]) -> None:
+    """Room for every label and the bonus star; at least three rows tall, so a tiny tree stays compact."""
+    xs = [x for x, _ in pos.values()]
+    mid, half = (max(xs) + min(xs)) / 2, max((max(xs) - min(xs)) / 2 + 0.12, 0.6)
+    deepest = max(depths) if depths else 0
+    fig.update_xaxes(range=[mid - half, mid + half])
+    fig.update_yaxes(range=[-max(deepest + 1.0, 2.5), 0.45])
+
+
+def _node_trace(fig, step: Step, token_text, pos, kinds, sources, picked) -> None:
+    t, depths = step.tree, step.tree.depths
+    per_depth = {d: depths.count(d) for d in set(depths)}
+    order = sorted(range(len(kinds)), key=lambda j: kinds[j] in ("accepted", "root", "match"))  # dim ones first
+    labels, hovers, colors, sizes, symbols = [], [], [], [], []
+    for j in order:
+        color, size, symbol = KIND_STYLE[kinds[j]]
+        empty = sources[j] == "empty"
+        if sources[j] == "lookup" and kinds[j] in ("rejected", "draft"):
+            color = COLORS["lookup"]
+        text = "∅" if empty and kinds[j] in ("draft", "rejected") else visible(token_text(t.tokens[j]), 10)
+        crowded = per_depth[depths[j]] > CROWDED and kinds[j] not in ("root", "accepted")
+        labels.append("" if crowded else text)
+        colors.append(color)
+        sizes.append(size)
+        symbols.append(symbol + "-open" if empty and symbol == "circle" else symbol)
+        hovers.append(_hover(step, j, token_text, sources))
+    fig.add_trace(go.Scatter(
+        x=[pos[j][0] for j in order], y=[pos[j][1] for j in order], mode="markers+text", text=labels,
+        textposition="bottom center", customdata=order,
+        textfont=dict(size=[9 if kinds[j] in ("rejected", "miss", "draft") else 11 for j in order],
+                      color=["#9aa1a9" if kinds[j] in ("rejected", "miss") else "#222" for j in order]),
+        marker=dict(size=sizes, color=colors, symbol=symbols, line=dict(width=1.5, color=colors),
+                    opacity=[0.6 if kinds[j] in ("rejected", "miss") else 1.0 for j in order]),
+        hovertext=hovers, hoverinfo="text"))
+    if picked is not None and 0 <= picked < len(t.tokens):
+        fig.add_trace(go.Scatter(x=[pos[picked][0]], y=[pos[picked][1]], mode="markers", hoverinfo="skip",
+                                 marker=dict(size=30, symbol="circle-open", color="#d0455b", line_width=3)))
+
+
+def _hover(step: Step, i: int, token_text, sources) -> str:
+    t = step.tree
+    tok = t.tokens[i]
+    text = visible(token_text(tok), 30)
+    if i == 0:
+        return f"<b>root</b> {text} (id {tok})<br>the last committed token"
+    p = t.parents[i]
+    choice = step.model_choices[p] if p < len(step.model_choices) else None
+    verdict = "accepted" if i in step.accepted_path else "rejected"
+    where = "an empty matrix row (never written: a blank draft)" if sources[i] == "empty" else sources[i]
+    what = "token sampled" if step.sampled else "model's choice"
+    return (f"<b>{text}</b> (id {tok}) — {verdict}<br>depth {t.depths[i]}, rank {t.ranks[i]} under its parent, "
+            f"from {where}<br>{what} after the parent: "
+            f"{visible(token_text(choice), 30) if choice is not None else '?'}<br>click: show its matrix rows")
+
+
+def _bonus_trace(fig, step: Step, token_text, pos, depths) -> None:
+    last = step.accepted_path[-1]
+    star = (pos[last][0] + 0.06, pos[last][1] - 0.5)
+    fig.add_trace(edge_trace([(pos[last], star)], COLORS["bonus"], 3, "dot"))
+    bonus = step.model_choices[last]
+    fig.add_trace(go.Scatter(
+        x=[star[0]], y=[star[1]], mode="markers+text", text=[visible(token_text(bonus), 10)],
+        textposition="middle right", marker=dict(size=18, symbol="star", color=COLORS["bonus"]),
+        hovertext=[f"<b>bonus</b> {visible(token_text(bonus), 30)} (id {bonus})<br>the model's own next "
+                   f"token after the accepted path" + (" (sampled; no child matched it)" if step.sampled else "")],
+        hoverinfo="text"))
+
+
+DRAFT_LEGEND = ("<span style='color:#1f4e99'>●</span> root · <span style='color:#7f8c9a'>●</span> kept from earlier "
+                "steps<br><span style='color:#2e9d4f'>●</span> attached this step (the model's argmax) · "
+                "<span style='color:#d0455b'>✕</span> pruned")
 FATE_COLORS = {"root": "#1f4e99", "kept": "#7f8c9a", "new": "#2e9d4f", "pruned": "#d0455b"}
 
 
 def draft_figure(step: Step | None, token_text, title: str = "") -> go.Figure:
     """PTD's evolving draft tree after a step: kept nodes grey, new children green, pruned ones red."""
-    fig = blank_figure(title, "draft")
+    fig = blank_figure("", "draft")
+    titled(fig, title or "PTD's draft tree", DRAFT_LEGEND)
     d = step.draft_tree if step is not None else None
     if d is None or len(d.tokens) < 2:
         fig.add_annotation(text="Choose the PTD method to see its evolving draft tree" if d is None
                            else "The draft tree is empty", showarrow=False, font_size=14)
         return fig
     pos = tree_layout(list(d.parents), list(d.depths))
+    _frame_axes(fig, pos, list(d.depths))
     fig.add_trace(edge_trace([(pos[p], pos[i]) for i, p in enumerate(d.parents) if p >= 0], "#dde1e6", 1))
     fates = list(d.sources)
     words = {"root": "the step's root: first-level branches sit at its position",

@@ -29,7 +29,7 @@ def test_steps_render_every_panel(hub):
     sess = Session()
     for _ in range(3):
         sess.step(hub, PROMPT, settings(), cap=256)
-    tree_fig, draft_fig, heat_fig, text, counters, charts, phases = sess.views()
+    tree_fig, draft_fig, heat_fig, text, counters, charts, phases, acc_map, alt = sess.views()
     nodes = [t for t in tree_fig.data if t.mode == "markers+text"]
     step = sess.race.decoder.steps[-1]
     assert step.tree.size >= 80  # the paper tree, plus any prompt-lookup branch
@@ -47,7 +47,7 @@ def test_ptd_session_draws_both_trees(hub):
     sess = Session()
     for _ in range(3):
         sess.step(hub, PROMPT, settings(method="ptd"), cap=256)
-    tree_fig, draft_fig, heat_fig, text, counters, charts, phases = sess.views()
+    tree_fig, draft_fig, heat_fig, text, counters, charts, phases, _, _ = sess.views()
     step = sess.race.decoder.steps[-1]
     assert step.method == "ptd" and step.draft_tree is not None
     drawn = [t for t in draft_fig.data if t.mode == "markers+text"]
@@ -66,7 +66,7 @@ def test_sampling_session_races_plain_sampling(hub):
     sess = Session()
     for _ in range(2):
         sess.step(hub, PROMPT, settings(tree="tr-16", temperature=0.8, top_p=0.9, seed=3), cap=256)
-    tree_fig, _, _, _, counters, _, _ = sess.views()
+    tree_fig, _, _, _, counters, _, _, _, _ = sess.views()
     step = sess.race.decoder.steps[-1]
     assert step.sampled and sess.race.greedy.sampling == sess.race.decoder.sampling
     assert "Plain sampling" in counters and "same distribution" in counters

@@ -72,6 +72,13 @@ class AdjacencyMatrix:
             tokens[start:end] = self.table[parent_tokens, tree.ranks[start:end]]
         return tokens
 
+    def empty_rows(self, tokens: torch.Tensor) -> torch.Tensor:
+        """``[n] bool``: the rows of ``tokens [n]`` never written (all zeros: a written row holds k
+        distinct tokens), whose drafts are token 0 by default rather than a prediction."""
+        if self.k < 2:
+            return torch.zeros(tokens.shape, dtype=torch.bool, device=tokens.device)
+        return (self.table[tokens] == 0).all(-1)
+
     # ---- phase 4: recycle --------------------------------------------------------------
     def recycle(self, tokens: torch.Tensor, logits: torch.Tensor, keep_old: bool = True) -> RowsWritten:
         """``M[tokens[i]] = topk(logits[i], k)`` for every input ``i``; ``tokens [m]``, ``logits [m, vocab]``.

@@ -50,6 +50,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-prepack", action="store_true",
                     help="keep PyTorch's default CPU linear kernels (see tr_core.prepack)")
     ap.add_argument("--quiet", action="store_true", help="no progress bar")
+    ap.add_argument("--save-runs", default=None, metavar="DIR",
+                    help="also write one run file per prompt and method (the app opens and replays them)")
     args = ap.parse_args(argv)
     if args.max_new_tokens < 1 or args.limit < 1:
         ap.error("--max-new-tokens and --limit must be at least 1")
@@ -90,6 +92,10 @@ def main(argv: list[str] | None = None) -> int:
         write_csv(summary, args.csv)
     if args.chart:
         print("chart:", ", ".join(write_chart(summary, args.chart)))
+    if args.save_runs:
+        from ..runs import save_runs
+
+        print("run files:", len(save_runs(args.save_runs, lm, prompts, specs, args.max_new_tokens)))
     return 0
 
 

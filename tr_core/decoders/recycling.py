@@ -92,8 +92,9 @@ class TokenRecyclingDecoder(TreeDecoder):
         tree, clock = self.tree_t, PhaseClock(self.lm.device)
         with clock.phase("retrieve"):
             tokens = self.matrix.retrieve_draft_tree(self.last, tree)  # [q]
+            empty = self.matrix.empty_rows(tokens[tree.parents[1:]]).tolist()  # drafted from a blank row
         shape, grafted, offered = self.tree, 0, None
-        sources = ["root"] + ["matrix"] * self.tree.size
+        sources = ["root"] + ["empty" if e else "matrix" for e in empty]
         if self.lookup:
             with clock.phase("lookup"):
                 tokens, tree, grafted, offered = self.graft_lookup(tokens, tree)

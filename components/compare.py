@@ -1,0 +1,97 @@
+"""All methods on one prompt, each run to the end: tokens over wall time and over forward passes, and a
+table of MAT, tok/s, speedup over greedy and whether each output is greedy's, token for token."""
+from __future__ import annotations
+
+import html
+
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from tr_core import GreedyDecoder, PromptLookupDecoder, TokenRecyclingDecoder
+from tr_core.decoders import ProgressiveTreeDecoder
+
+COLORS = {"greedy": "#7f8c9a", "TR (auto)": "#2e9d4f", "TR (paper-80)": "#1f4e99", "PTD": "#d0455b",
+          "PLD": "#8e44ad"}
+
+
+def compare_methods(lm, prompt: str, max_new_tokens: int, progress=None) -> list[dict]:
+    """One row per method: name, cumulative tokens and seconds after each step, output."""
+    makers = [("greedy", lambda: GreedyDecoder(lm, max_new_tokens)),
+              ("TR (auto)", lambda: TokenRecyclingDecoder(lm, tree="auto", max_new_tokens=max_new_tokens)),
+              ("TR (paper-80)", lambda: TokenRecyclingDecoder(lm, tree="paper-80", lookup=0,
+                                                               max_new_tokens=max_new_tokens)),
+              ("PTD", lambda: ProgressiveTreeDecoder(lm, max_new_tokens)),
+              ("PLD", lambda: PromptLookupDecoder(lm, max_new_tokens))]
+    ids = lm.encode_prompt(prompt)
+    rows = []
+    for n, (name, make) in enumerate(makers):
+        if progress is not None:
+            progress((n, len(makers)), desc=f"Running {name} to the end")
+        dec = make()
+        dec.start(ids)
+        tokens, seconds = [0], [0.0]
+        while not dec.done:
+            step = dec.step()
+            tokens.append(tokens[-1] + len(step.committed))
+            seconds.append(seconds[-1] + step.seconds)
+        rows.append({"name": name, "tokens": tokens, "seconds": seconds, "output": list(dec.output)})
+    return rows
+
+
+def compare_figure(rows: list[dict]) -> go.Figure:
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("tokens over wall time", "tokens over forward passes"),
+                        horizontal_spacing=0.1)
+    for r in rows:
+        color = COLORS.get(r["name"], "#333")
+        fig.add_trace(go.Scatter(x=r["seconds"], y=r["tokens"], name=r["name"], mode="lines",
+                                 line=dict(color=color, width=2)), row=1, col=1)
+        fig.add_trace(go.Scatter(x=list(range(len(r["tokens"]))), y=r["tokens"], name=r["name"], mode="lines",
+                                 line=dict(color=color, width=2), showlegend=False), row=1, col=2)
+    fig.update_xaxes(title_text="seconds", row=1, col=1)
+    fig.update_xaxes(title_text="forward passes", row=1, col=2)
+    fig.update_yaxes(title_text="tokens", row=1, col=1)
+    fig.update_layout(height=360, margin=dict(l=10, r=10, t=40, b=10), plot_bgcolor="white",
+                      legend=dict(orientation="h", y=-0.25))
+    return fig
+
+
+def compare_table(rows: list[dict]) -> str:
+    greedy = next(r for r in rows if r["name"] == "greedy")
+    g_rate = greedy["tokens"][-1] / greedy["seconds"][-1] if greedy["seconds"][-1] else 0.0
+    head = ("<table class='counters compare'><tr><th>method</th><th>tokens</th><th>forwards</th>"
+            "<th>MAT</th><th>tok/s</th><th>speedup</th><th>output</th></tr>")
+    body = []
+    for r in rows:
+        n, f, s = r["tokens"][-1], len(r["tokens"]) - 1, r["seconds"][-1]
+        rate = n / s if s else 0.0
+        same = r["output"] == greedy["output"]
+        verdict = "<span class='ok'>✔ identical to greedy</span>" if same else "<span class='bad'>✘ differs</span>"
+        body.append(f"<tr><th>{html.escape(r['name'])}</th><td>{n}</td><td>{f}</td><td>{n / max(f, 1):.2f}</td>"
+                    f"<td>{rate:.1f}</td><td>{rate / g_rate if g_rate else 0:.2f}×</td><td>{verdict}</td></tr>")
+    note = ("<div class='legend'>MAT = tokens per forward pass. Speedup = tok/s over greedy's, measured here "
+            "one method after the other on this machine (no GPU figures yet).</div>")
+    return head + "".join(body) + "</table>" + note
+
+
+def compare_handler(hub, cap: int):
+    """The Compare tab's button: the prompt and settings in, the chart and table out (words on a refusal)."""
+    import gradio as gr
+
+    from .session import UserError
+
+    def compare(prompt, model, max_new, progress=gr.Progress()):
+        try:
+            if not prompt or not str(prompt).strip():
+                raise UserError("The prompt is empty: type something or pick an example.")
+            if not 1 <= int(max_new or 0) <= cap:
+                raise UserError(f"Max new tokens must be between 1 and {cap}.")
+            try:
+                lm = hub.get(model)
+            except Exception as err:
+                raise UserError(str(err)) from None
+            rows = compare_methods(lm, str(prompt), int(max_new), progress)
+        except UserError as err:
+            gr.Warning(str(err))
+            return gr.skip(), f"<div class='status warn'>⚠️ {html.escape(str(err))}</div>"
+        return compare_figure(rows), compare_table(rows)
+    return compare

@@ -1,0 +1,224 @@
+"""The page's event handlers: step, run (with Stop), play, reset, history, Teach frames, linked views.
+
+Every handler takes the tab's ``Session`` (``gr.State``) and returns it with every panel redrawn
+(``VIEW`` outputs), so a live race and a replayed run file go through the same code.
+"""
+from __future__ import annotations
+
+import gradio as gr
+import torch
+
+from .memory import release_freed_memory
+from .model_hub import ModelHub
+from .panels import draw_panels
+from .session import METHODS, Session, Settings, UserError
+from .zerogpu import gpu_task
+
+
+def error_text(err: BaseException) -> str:
+    if isinstance(err, UserError):
+        return f"⚠️ {err}"
+    if isinstance(err, torch.OutOfMemoryError):
+        return "⚠️ The device ran out of memory; this session was reset. Try a smaller tree or fewer tokens."
+    return f"⚠️ Something went wrong ({type(err).__name__}: {err}); this session was reset."
+
+
+def make_settings(model, tree, k, max_new, hot, lookup, method, temperature=0.0, top_p=1.0, seed=0) -> Settings:
+    return Settings(str(model or ""), str(tree or "default"), int(k or 8), int(max_new) if max_new is not None else 0,
+                    bool(hot), 10 if lookup else 0, METHODS.get(method, str(method)), float(temperature or 0.0),
+                    float(top_p if top_p is not None else 1.0), int(seed or 0))
+
+
+class Handlers:
+    """Bound to one app: its model hub, token cap, hot-start file and live sessions (by browser tab)."""
+
+    def __init__(self, hub: ModelHub, cap: int, matrix_path: str | None = None, on_session_end=None):
+        self.hub, self.cap, self.matrix_path, self.on_session_end = hub, cap, matrix_path, on_session_end
+        self.live: dict[str, Session] = {}
+
+    # ---- sessions ---------------------------------------------------------------------------
+    def session(self, sess: Session | None, request: gr.Request | None) -> Session:
+        if sess is not None:
+            return sess
+        sess = Session(start_file=self.matrix_path)
+        if request is not None and request.session_hash:
+            self.live[request.session_hash] = sess
+        return sess
+
+    def end_session(self, sess: Session | None) -> None:
+        for key in [key for key, s in self.live.items() if s is sess]:
+            self.live.pop(key, None)
+        if sess is not None and sess.close():
+            release_freed_memory()
+            if self.on_session_end is not None:
+                self.on_session_end(sess)
+
+    def on_unload(self, request: gr.Request) -> None:
+        self.end_session(self.live.get(request.session_hash))
+
+    # ---- drawing ----------------------------------------------------------------------------
+    def render(self, sess: Session, message: str = "") -> tuple:
+        """(session, *panels, history slider, status): status last, as the API has always had it."""
+        view = sess.view()
+        count = len(view.steps) if view else 0
+        shown = view.clamp(sess.shown) if view else 0
+        slider = gr.Slider(minimum=1, maximum=max(count, 2), value=max(shown, 1), step=1, interactive=count > 1,
+                           label=f"History: step {shown} of {count}" if count else "History (steps appear here)")
+        return (sess, *draw_panels(view, shown, sess.frame, sess.picked), slider, message or sess.message)
+
+    def failed(self, sess: Session, err: Exception) -> tuple:
+        """Every failure becomes words in the page (and a toast); an unexpected one resets the session."""
+        if not isinstance(err, UserError):
+            sess.reset()
+        gr.Warning(error_text(err).removeprefix("⚠️ "))
+        return self.render(sess, error_text(err))
+
+    # ---- model work -------------------------------------------------------------------------
+    def step(self, request: gr.Request, prompt, *args):
+        """One step (in Teach mode: shown from its first frame)."""
+        *rest, teach, sess = args
+        sess = self.session(sess, request)
+        try:
+            if sess.replay is not None and sess.race is None and sess.started_with is None:
+                sess.replay = None  # a replay ends when the visitor steps a prompt of their own
+            sess.step(self.hub, prompt, make_settings(*rest), self.cap)
+            sess.frame = 1 if teach else 0
+            return self.render(sess)
+        except Exception as err:
+            return self.failed(sess, err)
+
+    def run(self, request: gr.Request, prompt, *args):
+        """Decode to the end, a step per redraw, until done, Stop, Reset or the tab goes away."""
+        *rest, _teach, sess = args
+        sess = self.session(sess, request)
+        sess.stop, sess.frame, sess.replay = False, 0, None
+        try:
+            sess.step(self.hub, prompt, make_settings(*rest), self.cap)
+            race = sess.race
+            yield self.render(sess)
+            while not sess.closed and not sess.stop and sess.race is race and not race.done:
+                sess.advance()
+                yield self.render(sess)
+            if sess.stop and sess.race is race:
+                yield self.render(sess, "Stopped: Step or Run to end go on from here.")
+        except Exception as err:
+            yield self.failed(sess, err)
+
+    def tick(self, request: gr.Request, prompt, *args):
+        """Play: the next frame in Teach mode, else the next step; stops at the end or on an error."""
+        *rest, teach, sess = args
+        out = self.next_frame(request, prompt, *args) if teach else self.step(request, prompt, *args)
+        sess = out[0]
+        if sess.race is not None and not sess.race.done and not out[-1].startswith("⚠️"):
+            return (*out, gr.skip(), gr.skip())
+        if teach and sess.race is not None and sess.frame < 4:
+            return (*out, gr.skip(), gr.skip())  # the last step's frames still play
+        return (*out, gr.Timer(active=False), gr.Button(value="▶ Play"))
+
+    def next_frame(self, request: gr.Request, prompt, *args):
+        """Teach mode's Next phase: retrieve → verify → accept → recycle, then the next step."""
+        *rest, teach, sess = args
+        sess = self.session(sess, request)
+        view = sess.view()
+        if view is not None and 0 < sess.frame < 4:
+            sess.frame += 1
+            return self.render(sess)
+        if view is not None and view.clamp(sess.shown) < len(view.steps):  # in the history: its next step
+            sess.shown, sess.frame, sess.picked = view.clamp(sess.shown) + 1, 1, None
+            return self.render(sess)
+        if sess.replay is not None:
+            return self.render(sess, "The end of the run file: the history slider goes back.")
+        return self.step(request, prompt, *rest, True, sess)
+
+    # ---- no model work ----------------------------------------------------------------------
+    def prev_frame(self, sess: Session | None):
+        sess = sess or Session()
+        view = sess.view()
+        if view is None:
+            return self.render(sess)
+        if sess.frame > 1:
+            sess.frame -= 1
+        elif view.clamp(sess.shown) > 1:
+            sess.shown, sess.frame, sess.picked = view.clamp(sess.shown) - 1, 4, None
+        else:
+            sess.frame = 1
+        return self.render(sess)
+
+    def stop(self, sess: Session | None):
+        if sess is not None:
+            sess.stop = True
+        return gr.Timer(active=False), gr.Button(value="▶ Play")
+
+    def reset(self, request: gr.Request, sess):
+        sess = self.session(sess, request)
+        sess.stop = True  # a run in progress ends at its next step
+        sess.reset()
+        return (*self.render(sess, "Reset."), gr.Timer(active=False), gr.Button(value="▶ Play"))
+
+    def history(self, n, sess: Session | None):
+        sess = sess or Session()
+        sess.shown, sess.picked = int(n or 1), None
+        return self.render(sess)
+
+    def pick_node(self, value: str, sess: Session | None):
+        """A tree node clicked (its index): its matrix rows are outlined and listed first."""
+        sess = sess or Session()
+        try:
+            sess.picked = int(str(value).split(":")[0])
+        except ValueError:
+            sess.picked = None
+        return self.render(sess)
+
+    def pick_token(self, value: str, sess: Session | None):
+        """A token clicked in the text (its output position): the history moves to its step."""
+        sess = sess or Session()
+        view = sess.view()
+        try:
+            position = int(str(value).split(":")[0])
+        except ValueError:
+            return self.render(sess)
+        if view is not None:
+            sess.shown, sess.picked = view.step_of_token(position), None
+        return self.render(sess)
+
+    # ---- the matrix file (hot start) ------------------------------------------------------------
+    def reset_matrix(self, request: gr.Request, sess):
+        sess = self.session(sess, request)
+        if sess.matrix is not None:
+            sess.matrix.reset()
+        return self.render(sess, "The matrix is empty again (∅ rows): drafts start to hit after a few steps.")
+
+    def save_matrix(self, request: gr.Request, sess):
+        sess = self.session(sess, request)
+        try:
+            path = sess.save_matrix()
+            where = f" and to {self.matrix_path}, which new sessions start from" if self.matrix_path else ""
+            return sess, gr.File(value=path, visible=True), f"Matrix saved{where}: download it below."
+        except UserError as err:
+            return sess, gr.File(visible=False), error_text(err)
+
+    def load_matrix(self, request: gr.Request, file, *args):
+        *rest, sess = args
+        sess = self.session(sess, request)
+        try:
+            sess.load_matrix(self.hub, file if isinstance(file, str) else file.name, make_settings(*rest))
+            return self.render(sess, "Matrix loaded: the next step drafts from it.")
+        except UserError as err:
+            return self.failed(sess, err)
+
+    def teach_toggled(self, teach: bool, sess: Session | None):
+        sess = sess or Session()
+        sess.frame = 1 if teach and sess.view() is not None else 0
+        return self.render(sess)
+
+
+def ui_running(running: bool) -> tuple:
+    """Step, Play, Run to end and Stop while a run holds the session (True) or not."""
+    return (gr.Button(interactive=not running), gr.Button(interactive=not running),
+            gr.Button(visible=not running), gr.Button(visible=running))
+
+
+def gpu_wrapped(handlers: Handlers) -> dict:
+    """The handlers that run the model, under ``spaces.GPU`` on ZeroGPU (as is elsewhere)."""
+    return {"step": gpu_task(handlers.step), "run": gpu_task(duration=120)(handlers.run),
+            "tick": gpu_task(handlers.tick), "next_frame": gpu_task(handlers.next_frame)}

@@ -1,0 +1,42 @@
+() => {
+  // Keyboard: S step, P play/pause, R run to end (or stop), N / B next / previous phase;
+  // Ctrl+Enter (or Cmd+Enter) in the prompt steps.  Letters are ignored while typing in a field.
+  const click = (id) => { const b = document.querySelector(`#${id}`); if (b && !b.disabled && b.offsetParent) b.click(); };
+  document.addEventListener("keydown", (e) => {
+    const el = e.target;
+    const typing = el && (el.tagName === "TEXTAREA" || el.tagName === "INPUT" || el.isContentEditable);
+    if (e.key === "Enter" && (e.ctrlKey || e.metaKey) && el && el.closest && el.closest("#prompt")) {
+      e.preventDefault(); click("step"); return;
+    }
+    if (typing || e.ctrlKey || e.metaKey || e.altKey) return;
+    const key = e.key.toLowerCase();
+    const map = {s: "step", p: "play", n: "phase-next", b: "phase-prev"};
+    if (map[key]) { e.preventDefault(); click(map[key]); }
+    if (key === "r") { e.preventDefault(); const stop = document.querySelector("#stop"); click(stop && stop.offsetParent ? "stop" : "run"); }
+  });
+  // Linked views: a click on a tree node or on a token writes into a hidden field, whose input event
+  // the server answers (outline the node's matrix rows; move the history to the token's step).
+  const send = (id, value) => {
+    const box = document.querySelector(`#${id} textarea, #${id} input`);
+    if (!box) return;
+    box.value = `${value}:${Date.now()}`;
+    box.dispatchEvent(new Event("input", {bubbles: true}));
+  };
+  document.addEventListener("click", (e) => {
+    const tok = e.target.closest && e.target.closest("#output-text .tok[data-pos]");
+    if (tok) send("token-pick", tok.dataset.pos);
+  });
+  const hook = () => {
+    const plot = document.querySelector("#tree-plot .js-plotly-plot");
+    if (plot && plot.on && !plot.dataset.trHooked) {
+      plot.dataset.trHooked = "1";
+      plot.on("plotly_click", (ev) => {
+        const pt = ev.points && ev.points[0];
+        if (pt && pt.customdata !== undefined && pt.customdata !== null) send("node-pick", pt.customdata);
+      });
+    }
+  };
+  new MutationObserver(hook).observe(document.body, {childList: true, subtree: true});
+  const status = document.querySelector("#status");
+  if (status) { status.setAttribute("role", "status"); status.setAttribute("aria-live", "polite"); }
+}

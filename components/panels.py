@@ -1,0 +1,76 @@
+"""Every panel of one step of a run, drawn from its Step records (live or replayed, any step, any frame)."""
+from __future__ import annotations
+
+import html
+
+from .acceptance_map import acceptance_figure, acceptance_words
+from .counters import charts_figure, counters_html
+from .heatmap import heatmap_figure
+from .phase_strip import phase_html
+from .run_view import METHOD_LABELS, RunView
+from .text_view import output_html
+from .tokens import visible
+from .tree_plot import draft_figure, tree_figure
+
+PANELS = ("tree", "draft", "heatmap", "text", "counters", "charts", "phases", "acceptance", "alt")
+FRAMES = ("whole step", "retrieve", "verify", "accept", "recycle")
+
+
+def draw_panels(view: RunView | None, n: int | None = None, frame: int = 0, picked: int | None = None) -> tuple:
+    """One value per name in ``PANELS``; ``n``: the step (None: the latest), ``picked``: a clicked node."""
+    if view is None:
+        return (tree_figure(None, str), draft_figure(None, str, ""), heatmap_figure(None, str), output_html([], str),
+                counters_html(None), charts_figure([], []), phase_html(None, str), acceptance_figure([], 0),
+                "<div class='sr-only'>Nothing decoded yet.</div>")
+    n = view.clamp(n)
+    step, text_of = view.step(n), view.token_text
+    rows = picked_rows(step, picked)
+    label = METHOD_LABELS.get(view.method, view.method)
+    return (tree_figure(step, text_of, tree_title(view, n), frame, picked),
+            draft_figure(step, text_of, f"PTD's draft tree after step {n} (rides along in the next forward)"
+                         if view.method == "ptd" else ""),
+            heatmap_figure(step, text_of, frame, rows),
+            output_html(view.steps[:n], text_of, view.special, current=n),
+            counters_html(view.figures(n), label, sampled=view.sampled),
+            charts_figure([len(s.committed) for s in view.steps[:n]], view.speedups(n), max_len=view.lookahead),
+            phase_html(step, text_of, frame),
+            acceptance_figure(view.steps, n),
+            text_alternative(view, n))
+
+
+def tree_title(view: RunView, n: int) -> str:
+    step = view.step(n)
+    if step is None:
+        return "Draft tree"
+    src = step.tree.sources
+    if step.method == "ptd":
+        return f"Step {n}: candidates verified · trie of the last token ({step.tree.size} nodes)"
+    looked = sum(1 for s in src if s == "lookup")
+    tree = view.header.get("settings", {}).get("tree", "")
+    parts = f"{step.tree.size - looked} from the matrix" + (f" + {looked} from prompt lookup" if looked else "")
+    return f"Step {n}: the draft tree{f' ({tree})' if tree else ''}, {parts}"
+
+
+def picked_rows(step, picked: int | None) -> list[int]:
+    """The row a clicked node was drafted from (its parent's token) and the row it wrote (its own)."""
+    if step is None or picked is None or not 0 <= picked < len(step.tree.tokens):
+        return []
+    t = step.tree
+    own = t.tokens[picked]
+    return [own] if picked == 0 else [t.tokens[t.parents[picked]], own]
+
+
+def text_alternative(view: RunView, n: int) -> str:
+    """The plots in words, for screen readers."""
+    step = view.step(n)
+    if step is None:
+        return "Nothing decoded yet."
+    t, say = step.tree, view.token_text
+    path = " ".join(visible(say(t.tokens[i]), 20) for i in step.accepted_path[1:]) or "none"
+    own = visible(say(step.model_choices[step.accepted_path[-1]]), 20) if step.committed else "none"
+    fig = view.figures(n) or {"speedup": 0.0}
+    words = [f"Step {n} of {len(view.steps)}. Draft tree: {t.size} draft nodes; accepted drafts: {path}; "
+             f"the model's own token: {own}; committed {len(step.committed)} tokens.",
+             f"Matrix: {len(step.rows_written)} rows written.",
+             f"Speedup after step {n}: {fig['speedup']:.2f}x.", acceptance_words(view.steps, n)]
+    return "<div class='sr-only' role='note'>" + " ".join(html.escape(w) for w in words) + "</div>"

@@ -1,0 +1,88 @@
+"""Runs kept and shared: the run file of the tab's run (download), a run file opened (upload), and the
+example runs in ``assets/runs`` (by name only: a visitor never names a server path)."""
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import gradio as gr
+
+from tr_core.runs import MAX_BYTES, RunFileError, read_run, write_run
+
+from .session import Session, UserError
+
+EXAMPLE_DIR = Path(__file__).resolve().parents[1] / "assets" / "runs"
+
+
+def example_runs() -> list[str]:
+    return sorted(p.stem for p in EXAMPLE_DIR.glob("*.json"))
+
+
+def run_file_for(sess: Session | None) -> str | None:
+    """Write the tab's run (live or replayed) to its own temporary file; None when there is none."""
+    view = sess.view() if sess is not None else None
+    if view is None:
+        return None
+    folder = getattr(sess, "run_folder", None) or tempfile.mkdtemp(prefix="tr-run-")
+    sess.run_folder = folder
+    method = view.method
+    path = Path(folder) / f"token-recycling-run-{method}-{len(view.steps)}-steps.json"
+    for old in Path(folder).glob("*.json"):
+        old.unlink(missing_ok=True)
+    write_run(view.to_run(), path)
+    return str(path)
+
+
+def read_upload(path: str) -> bytes:
+    """The bytes of a file Gradio received from the browser (its own temporary copy), size-checked first."""
+    size = os.path.getsize(path)
+    if size > MAX_BYTES:
+        raise UserError(f"The file is {size / 1e6:.1f} MB; a run file is at most {MAX_BYTES // 2**20} MB.")
+    with open(path, "rb") as f:
+        return f.read(MAX_BYTES + 1)
+
+
+def open_run_bytes(sess: Session, data: bytes, name: str) -> str:
+    try:
+        run = read_run(data)
+    except RunFileError as err:
+        raise UserError(f"{name}: {err}") from None
+    sess.open_run(run)
+    h = run.header
+    return (f"Opened {name}: {h.get('model', '?')} ({h.get('dtype', '?')} on {h.get('device', '?')}), "
+            f"{len(run.steps)} steps. Move the history slider or use Next phase; Step starts your own run.")
+
+
+class RunFiles:
+    """Save / open / example handlers, drawing through ``handlers.render``."""
+
+    def __init__(self, handlers):
+        self.handlers = handlers
+
+    def prepare(self, sess: Session | None):
+        path = run_file_for(sess)
+        return gr.DownloadButton(value=path, interactive=path is not None)
+
+    def upload(self, request: gr.Request, file, sess: Session | None):
+        sess = self.handlers.session(sess, request)
+        path = file if isinstance(file, str) else getattr(file, "name", None)
+        try:
+            if not path:
+                raise UserError("No file arrived.")
+            message = open_run_bytes(sess, read_upload(path), Path(path).name)
+        except UserError as err:
+            return self.handlers.failed(sess, err)
+        return self.handlers.render(sess, message)
+
+    def example(self, request: gr.Request, name: str, sess: Session | None):
+        sess = self.handlers.session(sess, request)
+        if not name:
+            return self.handlers.render(sess)
+        try:
+            if name not in example_runs():
+                raise UserError(f"There is no example run {name[:40]!r}.")
+            message = open_run_bytes(sess, (EXAMPLE_DIR / f"{name}.json").read_bytes(), name)
+        except UserError as err:
+            return self.handlers.failed(sess, err)
+        return self.handlers.render(sess, message)

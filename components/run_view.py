@@ -1,0 +1,95 @@
+"""What every panel draws from: a run's Step records, live or opened from a file, at any step.
+
+A live race and a replayed run file look the same here, so the history slider, Teach mode and
+all panels work for both, with or without a model.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+from tr_core.runs import Run, make_run
+from tr_core.trace import Step
+
+METHOD_LABELS = {"tr": "Token Recycling", "ptd": "Progressive Tree Drafting", "pld": "Prompt lookup",
+                 "greedy": "Greedy"}
+
+
+@dataclass
+class RunView:
+    steps: list[Step]
+    baseline: list[dict]  # greedy's tokens, forwards and seconds after each step
+    output: list[int]  # the method's output so far
+    baseline_output: list[int]
+    token_text: Callable[[int], str]
+    special: set[int] = field(default_factory=set)
+    header: dict = field(default_factory=dict)
+    lookahead: int = 7
+    replayed: bool = False  # opened from a run file
+
+    @classmethod
+    def of_race(cls, race, header: dict) -> "RunView":
+        dec, lm = race.decoder, race.decoder.lm
+        return cls(dec.steps, race.baseline, dec.output, race.greedy.output, lm.token_text,
+                   special_ids(lm), header, dec.lookahead)
+
+    @classmethod
+    def of_run(cls, run: Run) -> "RunView":
+        depth = max((max(s.tree.depths, default=0) for s in run.steps), default=6)
+        return cls(run.steps, run.baseline, run.outputs.get("method", []), run.outputs.get("baseline", []),
+                   run.token_text, run.special, run.header, depth + 1, replayed=True)
+
+    def to_run(self) -> Run:
+        return make_run(self.header, self.steps, self.baseline,
+                        {"method": self.output, "baseline": self.baseline_output}, self.token_text, self.special)
+
+    # ---- at step n (1-based) ---------------------------------------------------------------
+    @property
+    def method(self) -> str:
+        return self.steps[0].method if self.steps else self.header.get("method", "tr")
+
+    @property
+    def sampled(self) -> bool:
+        return bool(self.steps and self.steps[0].sampled)
+
+    def clamp(self, n: int | None) -> int:
+        return len(self.steps) if n is None else max(min(int(n), len(self.steps)), 0)
+
+    def step(self, n: int) -> Step | None:
+        return self.steps[n - 1] if 0 < n <= len(self.steps) else None
+
+    def tokens_until(self, n: int) -> int:
+        return sum(len(s.committed) for s in self.steps[:n])
+
+    def figures(self, n: int) -> dict | None:
+        """The counters after step ``n``: tokens, forwards, MAT, tok/s, speedup, identical so far."""
+        if n < 1 or n > len(self.baseline):
+            return None
+        secs = sum(s.seconds for s in self.steps[:n])
+        tokens = self.tokens_until(n)
+        tr = {"tokens": tokens, "forwards": n, "mat": tokens / n, "tok_per_s": tokens / secs if secs else 0.0,
+              "seconds": secs}
+        b = self.baseline[n - 1]
+        g = {"tokens": b["tokens"], "forwards": b["forwards"], "mat": b["tokens"] / max(b["forwards"], 1),
+             "tok_per_s": b["tokens"] / b["seconds"] if b["seconds"] else 0.0, "seconds": b["seconds"]}
+        both = min(tokens, b["tokens"])
+        return {"tr": tr, "greedy": g, "speedup": tr["tok_per_s"] / g["tok_per_s"] if g["tok_per_s"] else 0.0,
+                "identical": self.output[:both] == self.baseline_output[:both], "compared": both}
+
+    def speedups(self, n: int) -> list[float]:
+        return [self.figures(i)["speedup"] for i in range(1, n + 1)]
+
+    def step_of_token(self, position: int) -> int:
+        """The step that committed output token ``position`` (0-based)."""
+        seen = 0
+        for s in self.steps:
+            seen += len(s.committed)
+            if position < seen:
+                return s.index
+        return len(self.steps)
+
+
+def special_ids(lm) -> set[int]:
+    tok = lm.tokenizer
+    ids = set(getattr(tok, "all_special_ids", []) or [])
+    return ids | set(lm.eos_token_ids)

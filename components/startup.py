@@ -1,0 +1,93 @@
+"""Start-up: load the model and get its forward-cost curve, with true progress, the curve cached on disk.
+
+The curve (seconds of one forward by query length, which the auto tree plans with) takes tens of
+seconds to measure on a CPU; it is kept in ``~/.cache/token-recycling`` (or ``$XDG_CACHE_HOME``), one
+file per model, vocabulary, device, dtype and torch version, so later starts skip it.  The folder is
+the operator's; nothing a visitor types reaches it.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import threading
+import time
+from pathlib import Path
+
+import torch
+
+from tr_core.planner import CostCurve, cost_curve_for
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "token-recycling"
+
+
+def curve_path(lm) -> Path:
+    device = str(lm.device)
+    if lm.device.type == "cuda":
+        device += ":" + torch.cuda.get_device_name(lm.device)
+    else:
+        device += f":{platform.machine()}:{os.cpu_count()}"
+    key = json.dumps([lm.name, lm.fingerprint, device, str(lm.dtype), torch.__version__, bool(lm.prepacked)])
+    return cache_dir() / f"cost-curve-{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
+
+
+def load_cached_curve(lm) -> bool:
+    """Put the cached curve on ``lm``; False when there is none (or it is unreadable)."""
+    if lm.cost_curve is not None:
+        return True
+    try:
+        doc = json.loads(curve_path(lm).read_text())
+        lm.cost_curve = CostCurve([int(q) for q in doc["lengths"]], [float(s) for s in doc["seconds"]])
+        return True
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+
+
+def save_curve(lm) -> None:
+    path = curve_path(lm)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"model": lm.name, "device": str(lm.device), "dtype": str(lm.dtype),
+                                   "lengths": lm.cost_curve.lengths, "seconds": lm.cost_curve.seconds}))
+        tmp.replace(path)
+    except OSError:
+        pass  # a read-only home: measured again next start
+
+
+def with_progress(work, report, every: float = 0.5):
+    """Run ``work()`` in a thread, calling ``report(elapsed_seconds)`` until it ends; its result or error."""
+    box: dict = {}
+
+    def target():
+        try:
+            box["out"] = work()
+        except BaseException as err:  # handed back to the caller's thread
+            box["err"] = err
+    thread = threading.Thread(target=target, daemon=True)
+    t0 = time.monotonic()
+    thread.start()
+    while thread.is_alive():
+        report(time.monotonic() - t0)
+        thread.join(every)
+    if "err" in box:
+        raise box["err"]
+    return box.get("out")
+
+
+def warm_up(hub, progress) -> str:
+    """Load the default model and its cost curve; ``progress(fraction_or_steps, desc=...)``."""
+    lm = with_progress(lambda: hub.get(None),
+                       lambda t: progress((0, 2), desc=f"Step 1 of 2: loading the model ({t:.0f} s so far)"))
+    if load_cached_curve(lm):
+        how = "cost curve from the cache"
+    else:
+        with_progress(lambda: cost_curve_for(lm),
+                      lambda t: progress((1, 2), desc=f"Step 2 of 2: timing forwards of 1-96 tokens for the auto "
+                                                      f"tree, once per model and device ({t:.0f} s so far)"))
+        save_curve(lm)
+        how = "cost curve measured and cached"
+    return f"Ready: {lm.name} on {lm.device} ({str(lm.dtype).replace('torch.', '')}; {how})."

@@ -1,0 +1,178 @@
+"""The teaching instrument without a browser: run files, replay, history and frames, safety of the fields."""
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from components.handlers import Handlers
+from components.model_hub import ModelHub
+from components.run_files import EXAMPLE_DIR, example_runs, open_run_bytes, run_file_for
+from components.session import Session, UserError
+from tr_core.runs import RunFileError, read_run, record_run
+
+from .test_app import PROMPT, hub, settings  # noqa: F401  (fixture)
+
+
+def stepped(hub, n=3, **kw) -> Session:  # noqa: F811
+    sess = Session()
+    for _ in range(n):
+        sess.step(hub, PROMPT, settings(**kw), cap=256)
+    return sess
+
+
+def test_run_file_round_trip_replays_every_panel_without_a_model(hub, tmp_path):  # noqa: F811
+    sess = stepped(hub)
+    live = sess.views()
+    path = run_file_for(sess)
+    doc = json.loads(open(path).read())
+    assert doc["format"] == "token-recycling-run" and doc["version"] == 1
+    h = doc["header"]
+    assert h["prompt"] == PROMPT and h["dtype"] == "float32" and h["device"] == "cpu" and h["settings"]["tree"]
+    assert len(doc["steps"]) == 3 and doc["outputs"]["baseline"]
+    replay = Session()
+    assert "3 steps" in open_run_bytes(replay, open(path, "rb").read(), "run.json")
+    assert replay.race is None and replay.replay is not None
+    replay.shown = 3
+    again = replay.views()
+    assert again[3] == live[3]  # the text, token for token, from the file's token texts alone
+    assert again[4] == live[4]  # the counters, from the file's step and greedy records
+    assert again[0].layout.title.text == live[0].layout.title.text
+
+
+@pytest.mark.parametrize("data, words", [
+    (b"\x89PNG not json", "not JSON"),
+    (b'{"hello": 1}', "not a run file"),
+    (b'{"format": "token-recycling-run", "version": 99}', "version 99"),
+    (b'{"format": "token-recycling-run", "version": 1, "header": {}, "steps": [{"index": 1}], '
+     b'"baseline": [], "outputs": {}, "tokens": {}}', "damaged"),
+    (b" " * (33 * 1024 * 1024), "at most"),
+])
+def test_bad_run_files_are_refused_in_words(data, words):
+    with pytest.raises(RunFileError, match=words):
+        read_run(data)
+    with pytest.raises(UserError, match=words):
+        open_run_bytes(Session(), data, "x.json")
+
+
+def test_example_runs_open_and_are_lossless():
+    names = example_runs()
+    assert len(names) >= 2
+    for name in names:
+        run = read_run((EXAMPLE_DIR / f"{name}.json").read_bytes())
+        n = min(len(run.outputs["method"]), len(run.outputs["baseline"]))
+        assert n > 0 and run.outputs["method"][:n] == run.outputs["baseline"][:n], name
+
+
+def test_history_frames_and_linked_views(hub):  # noqa: F811
+    h = Handlers(hub, 256)
+    sess = stepped(hub, 3, tree="paper-80", lookup=0)
+    out = h.history(1, sess)
+    assert "Step 1:" in out[1].layout.title.text and out[-2].label.startswith("History: step 1 of 3")
+    sess.frame = 1
+    heat_before = h.render(sess)[3]
+    assert "before" in heat_before.layout.title.text
+    kinds = {c for t in h.render(sess)[1].data for c in ([t.marker.color] if isinstance(t.marker.color, str) else
+                                                         list(t.marker.color or []))}
+    assert "#2e9d4f" not in kinds  # retrieve: nothing accepted yet
+    for frame in (2, 3, 4):
+        out = h.next_frame(None, PROMPT, *[None] * 10, True, sess)
+        assert sess.frame == frame
+    assert "ph-now" in out[7] and "recycle" in out[7].split("ph-now")[1][:40].lower()
+    assert "after" in out[3].layout.title.text
+    step = sess.race.decoder.steps[0]
+    node = step.accepted_path[-1] if len(step.accepted_path) > 1 else 1
+    out = h.pick_node(f"{node}:123", sess)
+    assert out[3].layout.shapes, "the clicked node's rows are outlined"
+    last_token = len(sess.race.decoder.output) - 1
+    out = h.pick_token(f"{last_token}:1", sess)
+    assert sess.shown == 3 and "step 3 of 3" in out[-2].label
+    out = h.pick_token("0:1", sess)
+    assert sess.shown == 1
+
+
+def test_first_steps_mark_empty_rows_and_stay_greedy(hub):  # noqa: F811
+    sess = stepped(hub, 2, tree="paper-80", lookup=0, hot_start=False)
+    first = sess.race.decoder.steps[0]
+    assert "empty" in first.tree.sources  # drafts read from rows never written
+    tree_fig, _, heat, _, counters, _, phases, _, alt = sess.views()
+    assert "∅" in str(tree_fig.data[-2].text) or "∅" in str([t.text for t in tree_fig.data])
+    assert "empty" in phases and "identical to greedy" in counters
+    assert "Step 2 of 2" in alt
+
+
+@pytest.mark.parametrize("make", [lambda tmp: str(tmp / "exists.json"), lambda tmp: str(tmp / "missing.json"),
+                                  lambda tmp: "/etc/passwd", lambda tmp: "../../etc/hostname"])
+def test_tree_field_never_touches_server_paths(hub, tmp_path, monkeypatch, make):  # noqa: F811
+    import builtins
+    import pathlib
+
+    (tmp_path / "exists.json").write_text('{"nodes": [[0]]}')
+    spec = make(tmp_path)
+    touched = []
+    real_open, real_is_file = builtins.open, pathlib.Path.is_file
+
+    def spy_open(file, *a, **k):
+        touched.append(str(file))
+        return real_open(file, *a, **k)
+
+    def spy_is_file(self):
+        touched.append(str(self))
+        return real_is_file(self)
+    monkeypatch.setattr(builtins, "open", spy_open)
+    monkeypatch.setattr(pathlib.Path, "is_file", spy_is_file)
+    with pytest.raises(UserError) as err:
+        Session().step(hub, PROMPT, settings(tree=spec), cap=256)
+    assert not [t for t in touched if spec.strip("./") in t]
+    assert str(err.value).startswith("Unknown tree") and "use one of" in str(err.value)
+    other = tmp_path / "missing.json" if "exists" in spec else tmp_path / "exists.json"
+    with pytest.raises(UserError) as err2:
+        Session().step(hub, PROMPT, settings(tree=str(other)), cap=256)
+    assert str(err.value).replace(spec[:60], "P") == str(err2.value).replace(str(other)[:60], "P")
+
+
+def test_unknown_model_id_answers_within_seconds_offline():
+    t0 = time.monotonic()
+    with pytest.raises(Exception, match="Could not load"):
+        ModelHub().get("no-such-org/no-such-model")
+    assert time.monotonic() - t0 < 5
+    with pytest.raises(Exception, match="Hugging Face model id"):
+        ModelHub().get("/etc")
+
+
+def test_cost_curve_cached_on_disk(embedded_lm, tmp_path, monkeypatch):
+    import dataclasses
+
+    from components.startup import curve_path, load_cached_curve, save_curve
+    from tr_core.planner import CostCurve
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    lm = dataclasses.replace(embedded_lm, cost_curve=CostCurve([1, 2, 4], [0.01, 0.012, 0.011]))
+    save_curve(lm)
+    assert curve_path(lm).parent == tmp_path / "token-recycling" and curve_path(lm).is_file()
+    fresh = dataclasses.replace(embedded_lm, cost_curve=None)
+    assert load_cached_curve(fresh) and fresh.cost_curve.seconds == [0.01, 0.012, 0.011]
+    other = dataclasses.replace(embedded_lm, cost_curve=None, dtype=__import__("torch").bfloat16)
+    assert curve_path(other) != curve_path(lm) and not load_cached_curve(other)
+
+
+def test_compare_runs_every_method_identical_to_greedy(embedded_lm):
+    from components.compare import compare_figure, compare_methods, compare_table
+
+    rows = compare_methods(embedded_lm, "Name three fruits.", 8)
+    assert [r["name"] for r in rows] == ["greedy", "TR (auto)", "TR (paper-80)", "PTD", "PLD"]
+    assert all(r["output"] == rows[0]["output"] and r["tokens"][-1] == 8 for r in rows)
+    table = compare_table(rows)
+    assert table.count("identical to greedy") == 5 and "MAT" in table and "no GPU figures yet" in table
+    assert len(compare_figure(rows).data) == 10
+
+
+def test_record_run_on_the_tiny_model(tiny_lm):
+    from tr_core import GreedyDecoder, TokenRecyclingDecoder
+
+    run = record_run(tiny_lm, "w1 w2 w3", TokenRecyclingDecoder(tiny_lm, tree="tr-8", max_new_tokens=12),
+                     GreedyDecoder(tiny_lm, 12))
+    assert run.outputs["method"] == run.outputs["baseline"] and len(run.baseline) == len(run.steps)
+    back = read_run(json.dumps(run.to_dict()))
+    assert [s.committed for s in back.steps] == [s.committed for s in run.steps]

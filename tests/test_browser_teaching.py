@@ -1,0 +1,183 @@
+"""The teaching instrument in a real browser (Debian's chromium via Playwright) at 1280x800: items 1-10
+of issue 16.  One app server for the module, few model steps."""
+from __future__ import annotations
+
+import json
+import re
+import shutil
+
+import pytest
+
+from .test_app import free_port, hub, launched  # noqa: F401  (fixtures)
+
+PROMPT = "List the days of the week, one per line."
+ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+        "--no-first-run"]
+
+
+@pytest.fixture(scope="module")
+def browser():
+    chromium = shutil.which("chromium")
+    if chromium is None:
+        pytest.skip("Debian's chromium is not installed (.ci/run installs it)")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=chromium, args=ARGS)
+        yield b
+        b.close()
+
+
+def open_page(browser, url, width=1280, height=800):
+    from playwright.sync_api import expect
+
+    page = browser.new_page(viewport={"width": width, "height": height}, accept_downloads=True)
+    page.goto(url)
+    expect(page.locator("#status")).to_contain_text("Ready", timeout=300_000)
+    return page
+
+
+def history_label(page) -> str:
+    return page.locator("#history").inner_text()
+
+
+def test_a_class_session(browser, launched, tmp_path):  # noqa: F811
+    """In view, legends, keyboard, history, Teach frames, linked views, save and reopen, Stop and Reset."""
+    from playwright.sync_api import expect
+
+    page = open_page(browser, launched[1])
+    assert page.locator("#status").get_attribute("aria-live") == "polite"  # 10: announced
+    page.locator("#prompt textarea").fill(PROMPT)
+    page.keyboard.press("Tab")  # 10: Step is the next stop after the prompt
+    assert page.evaluate("document.activeElement.id") == "step"
+    page.locator("#prompt textarea").press("Control+Enter")  # 10: Ctrl+Enter steps
+    expect(page.locator("#history")).to_contain_text("step 1 of 1", timeout=60_000)
+    page.locator("body").click(position={"x": 5, "y": 5})
+    page.keyboard.press("s")  # 10: S steps
+    expect(page.locator("#history")).to_contain_text("step 2 of 2", timeout=60_000)
+    # 1: controls, phase strip, tree and matrix in view at 1280x800 without scrolling
+    for sel in ("#step", "#run", "#history", "#phases", "#tree-plot .js-plotly-plot", "#matrix-heatmap .js-plotly-plot"):
+        box = page.locator(sel).first.bounding_box()
+        assert box and box["y"] >= 0 and box["y"] + min(box["height"], 300) <= 800, (sel, box)
+    # 2: legends under every plot title, the empty start explained
+    assert "accepted draft" in page.locator("#tree-plot").inner_text()
+    assert "never written" in page.locator("#matrix-heatmap").inner_text()
+    assert "after" in page.locator("#matrix-heatmap").inner_text()
+    assert "matrix is still mostly empty" in page.locator("#phases").inner_text()
+    assert page.locator("#plot-alt .sr-only").inner_text().startswith("Step 2 of 2")  # 10: text alternative
+    # 4: the history slider redraws every panel for step 1
+    slider = page.locator("#history input[type=range]")
+    slider.fill("1")
+    expect(page.locator("#tree-plot")).to_contain_text("Step 1:", timeout=30_000)
+    expect(page.locator("#history")).to_contain_text("step 1 of 2")
+    # 4: a token click moves the history to the step that committed it
+    page.locator("#output-text .tok[data-step='2']").first.click()
+    expect(page.locator("#tree-plot")).to_contain_text("Step 2:", timeout=30_000)
+    # 4: a node click outlines its matrix rows
+    root = page.locator("#tree-plot .scatterlayer .trace").nth(-2).locator(".point").last.bounding_box()
+    page.mouse.click(root["x"] + root["width"] / 2, root["y"] + root["height"] / 2)
+    expect(page.locator("#matrix-heatmap .shapelayer path")).not_to_have_count(0, timeout=30_000)
+    # 3: Teach mode, frame by frame
+    page.locator("#teach input").check()
+    expect(page.locator("#phases .ph-now")).to_contain_text("retrieve", timeout=30_000)
+    expect(page.locator("#matrix-heatmap")).to_contain_text("before", timeout=30_000)
+    for name in ("verify", "accept", "recycle"):
+        page.locator("#phase-next").click()
+        expect(page.locator("#phases .ph-now")).to_contain_text(name, timeout=30_000)
+    page.locator("#phase-next").click()  # the next step, from its first frame
+    expect(page.locator("#history")).to_contain_text("step 3 of 3", timeout=60_000)
+    expect(page.locator("#phases .ph-now")).to_contain_text("retrieve")
+    page.locator("#teach input").uncheck()
+    # 5: save the run, open it again
+    expect(page.locator("#save-run")).to_be_enabled(timeout=30_000)
+    with page.expect_download() as dl:
+        page.locator("#save-run").click()
+    saved = tmp_path / "run.json"
+    dl.value.save_as(saved)
+    doc = json.loads(saved.read_text())
+    assert doc["format"] == "token-recycling-run" and len(doc["steps"]) == 3
+    page.locator("#open-run input[type=file]").set_input_files(str(saved))
+    expect(page.locator("#status")).to_contain_text("Opened", timeout=30_000)
+    expect(page.locator("#history")).to_contain_text("step 1 of 3")
+    (tmp_path / "foreign.json").write_text('{"hello": "world"}')
+    page.locator("#open-run input[type=file]").set_input_files(str(tmp_path / "foreign.json"))
+    expect(page.locator("#status")).to_contain_text("not a run file", timeout=30_000)
+    # 8: Run to end becomes Stop; Step disabled meanwhile; Stop and Reset are clean
+    page.locator("#run").click()
+    expect(page.locator("#stop")).to_be_visible(timeout=10_000)
+    expect(page.locator("#step")).to_be_disabled()
+    expect(page.locator("#history")).to_contain_text(re.compile(r"step [1-9]\d* of"), timeout=60_000)
+    page.locator("#stop").click()
+    expect(page.locator("#run")).to_be_visible(timeout=60_000)
+    expect(page.locator("#step")).to_be_enabled()
+    page.keyboard.press("r")  # 10: R runs (and stops)
+    expect(page.locator("#stop")).to_be_visible(timeout=10_000)
+    page.locator("#reset").click()
+    expect(page.locator("#status")).to_contain_text("Reset.", timeout=30_000)
+    expect(page.locator("#run")).to_be_visible(timeout=60_000)
+    page.wait_for_timeout(1000)
+    assert "went wrong" not in page.locator("#status").inner_text()
+    page.close()
+
+
+def test_bad_settings_are_toasts_and_server_paths_are_refused(browser, launched):  # noqa: F811
+    """8/9: a typed server path in the tree field and an unknown model id give a message, at once."""
+    from playwright.sync_api import expect
+
+    page = open_page(browser, launched[1])
+    page.locator("#prompt textarea").fill(PROMPT)
+    page.locator("#settings").get_by_text("Settings").click()
+    field = page.locator("#tree-field input")
+    field.fill("/etc/passwd")
+    field.press("Enter")
+    page.locator("#step").click()
+    expect(page.locator("#status")).to_contain_text("Unknown tree '/etc/passwd'", timeout=30_000)
+    expect(page.locator(".toast-body").first).to_be_visible(timeout=10_000)  # a toast near the eye, too
+    page.close()
+
+
+def test_compare_tab(browser, launched):  # noqa: F811
+    """6: all five methods on one prompt, chart and table, each output checked against greedy."""
+    from playwright.sync_api import expect
+
+    page = open_page(browser, launched[1])
+    page.locator("#prompt textarea").fill("Name three fruits.")
+    page.locator("#settings").get_by_text("Settings").click()
+    tokens = page.get_by_label("number input for Max new tokens")
+    tokens.fill("6")
+    tokens.press("Enter")
+    page.get_by_role("tab", name="Compare methods").click()
+    page.locator("#compare-run").click()
+    expect(page.locator("#compare-table")).to_contain_text("PLD", timeout=120_000)
+    assert page.locator("#compare-table").inner_text().count("identical to greedy") == 5
+    assert page.locator("#compare-plot .js-plotly-plot").count() == 1
+    page.close()
+
+
+def test_page_loads_and_replays_without_a_model(browser, tmp_path):
+    """5: TR_MODEL names a missing folder: the page still opens, says why, and replays an example run."""
+    from playwright.sync_api import expect
+
+    from app import build_app, serve
+    from components.model_hub import ModelHub
+
+    demo = build_app(ModelHub(default=str(tmp_path / "no-such-model")))
+    port = free_port()
+    serve(demo, "127.0.0.1", port, prevent_thread_lock=True, quiet=True)
+    try:
+        page = browser.new_page(viewport={"width": 390, "height": 844})  # and at phone width
+        page.goto(f"http://127.0.0.1:{port}/")
+        expect(page.locator("#status")).to_contain_text("replay", timeout=60_000)
+        page.locator("#example-runs").click()
+        page.get_by_role("option").first.click()
+        expect(page.locator("#status")).to_contain_text("Opened", timeout=30_000)
+        expect(page.locator("#tree-plot")).to_contain_text("Step 1:", timeout=30_000)
+        expect(page.locator("#matrix-heatmap .js-plotly-plot")).to_have_count(1)
+        assert page.locator("#output-text .tok").count() >= 1
+        page.locator("#phase-next").click()  # Teach-style stepping through the file
+        expect(page.locator("#history")).to_contain_text("step 2 of", timeout=30_000)
+        width = page.evaluate("document.documentElement.scrollWidth")
+        assert width <= 420, width  # usable at phone width: no sideways scrolling
+        page.close()
+    finally:
+        demo.close()
