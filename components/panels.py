@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import html
 
+from tr_core.precision import Divergence, describe
+
 from .acceptance_map import acceptance_figure, acceptance_words
 from .counters import charts_figure, counters_html
 from .heatmap import heatmap_figure
@@ -26,12 +28,14 @@ def draw_panels(view: RunView | None, n: int | None = None, frame: int = 0, pick
     step, text_of = view.step(n), view.token_text
     rows = picked_rows(step, picked)
     label = METHOD_LABELS.get(view.method, view.method)
+    div = view.divergence(n)
     return (tree_figure(step, text_of, tree_title(view, n), frame, picked),
             draft_figure(step, text_of, f"PTD's draft tree after step {n} (rides along in the next forward)"
                          if view.method == "ptd" else ""),
             heatmap_figure(step, text_of, frame, rows),
-            output_html(view.steps[:n], text_of, view.special, current=n),
-            counters_html(view.figures(n), label, sampled=view.sampled),
+            output_html(view.steps[:n], text_of, view.special, current=n, mark=div and div["position"]),
+            counters_html(view.figures(n), label, sampled=view.sampled,
+                          extra=html.escape(describe(Divergence(**div), lambda t: visible(text_of(t), 20))) if div else ""),
             charts_figure([len(s.committed) for s in view.steps[:n]], view.speedups(n), max_len=view.lookahead),
             phase_html(step, text_of, frame),
             acceptance_figure(view.steps, n),

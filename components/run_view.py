@@ -30,6 +30,8 @@ class RunView:
     @classmethod
     def of_race(cls, race, header: dict) -> "RunView":
         dec, lm = race.decoder, race.decoder.lm
+        if race.divergence is not None:  # kept in the header, so that a saved run explains it too
+            header["divergence"] = race.divergence.to_json()
         return cls(dec.steps, race.baseline, dec.output, race.greedy.output, lm.token_text,
                    special_ids(lm), header, dec.lookahead)
 
@@ -75,6 +77,12 @@ class RunView:
         both = min(tokens, b["tokens"])
         return {"tr": tr, "greedy": g, "speedup": tr["tok_per_s"] / g["tok_per_s"] if g["tok_per_s"] else 0.0,
                 "identical": self.output[:both] == self.baseline_output[:both], "compared": both}
+
+    def divergence(self, n: int) -> dict | None:
+        """Where and why the outputs first parted (``tr_core.precision.Divergence`` as a dict), once
+        step ``n`` has reached that position; None while they agree."""
+        div = self.header.get("divergence")
+        return div if div and div.get("position", 0) < self.tokens_until(n) else None
 
     def speedups(self, n: int) -> list[float]:
         return [self.figures(i)["speedup"] for i in range(1, n + 1)]

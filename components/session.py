@@ -15,7 +15,7 @@ from tr_core.runs import Run
 from tr_core.trees import TreeError, list_presets
 
 from .model_hub import ModelHub
-from .race import Race
+from tr_core.race import Race
 from .run_view import RunView
 
 MAX_PROMPT_CHARS = 20_000
@@ -223,7 +223,6 @@ class Session:
 
 
 def run_header(lm: LoadedModel, prompt: str, s: Settings, prompt_ids: list[int]) -> dict:
-    template = "chat template" if getattr(lm.tokenizer, "chat_template", None) else "plain text"
     return {"model": lm.name, "dtype": str(lm.dtype).replace("torch.", ""), "device": str(lm.device),
-            "template": template, "method": s.method, "settings": asdict(s), "prompt": prompt,
+            "template": lm.template, "attention": lm.layout.describe(), "method": s.method, "settings": asdict(s), "prompt": prompt,
             "prompt_ids": list(prompt_ids)}

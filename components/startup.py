@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from tr_core.planner import CostCurve, cost_curve_for
-
+from tr_core.precision import precision_mode
 
 def cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "token-recycling"
@@ -90,4 +90,5 @@ def warm_up(hub, progress) -> str:
                                                       f"tree, once per model and device ({t:.0f} s so far)"))
         save_curve(lm)
         how = "cost curve measured and cached"
-    return f"Ready: {lm.name} on {lm.device} ({str(lm.dtype).replace('torch.', '')}; {how})."
+    return (f"Ready: {lm.name} on {lm.device} ({precision_mode(lm.dtype)}; prompts through the {lm.template}; "
+            f"{how}).")

@@ -1,5 +1,7 @@
 """Exact or explained: every divergence from greedy decoding in reduced precision is measured by the
 reference's own logit margin and classified; rounding reads as a near-tie, a wrong verifier as a bug."""
+import re
+
 import pytest
 import torch
 
@@ -80,3 +82,26 @@ def test_bf16_wrong_verifier_is_a_bug(bf16_lm, monkeypatch):
     reference = GreedyDecoder(bf16_lm, NEW_TOKENS).generate(ids)
     div = explain_divergence(bf16_lm, ids, reference, wrong_tr(bf16_lm, monkeypatch, ids))
     assert div is not None and div.cause == BUG
+
+
+def test_the_race_explains_the_first_divergence_and_the_run_file_keeps_it(tiny_lm, monkeypatch):
+    """The app's race (here through a run file made by it) says where the outputs part and why."""
+    import json
+
+    from components.panels import PANELS, draw_panels
+    from components.run_view import RunView
+    from tr_core.runs import RunFileError, read_run, record_run
+
+    monkeypatch.setattr("tr_core.decoders.tree_step.verify_greedy", accept_drafts_unchecked)
+    run = record_run(tiny_lm, "w3 w4 w5 w6 w7 w8 w9",
+                     TokenRecyclingDecoder(tiny_lm, tree="tr-16", lookup=0, max_new_tokens=NEW_TOKENS),
+                     GreedyDecoder(tiny_lm, NEW_TOKENS))
+    div = run.header["divergence"]
+    assert div["cause"] == BUG
+    doc = run.to_dict()
+    panels = dict(zip(PANELS, draw_panels(RunView.of_run(read_run(json.dumps(doc))))))
+    assert f"token {div['position'] + 1}:" in panels["counters"] and "bug" in panels["counters"]
+    assert re.search(f'class="[^"]*tok-mark[^"]*" data-step="\\d+" data-pos="{div["position"]}"', panels["text"])
+    doc["header"]["divergence"]["cause"] = "<script>"  # an uploaded file is checked field by field
+    with pytest.raises(RunFileError):
+        read_run(json.dumps(doc))

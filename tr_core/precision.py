@@ -61,6 +61,14 @@ class Divergence:
         return asdict(self)
 
 
+def precision_mode(dtype: torch.dtype) -> str:
+    """The promise a dtype makes, in words for a status line."""
+    if dtype == torch.float32:
+        return "float32, exact: identical to greedy"
+    name = str(dtype).replace("torch.", "")
+    return f"{name}: identical to greedy up to rounding, each divergence explained; --dtype float32 is exact"
+
+
 def first_difference(a: list[int], b: list[int]) -> int | None:
     """The first index where ``a`` and ``b`` differ (one ending early counts); None if equal."""
     for i, (x, y) in enumerate(zip(a, b)):

@@ -18,6 +18,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
+from .precision import BUG, NEAR_TIE, Divergence
+from .race import Race
 from .trace import DraftTree, RowUpdate, Step
 
 FORMAT = "token-recycling-run"
@@ -99,6 +101,8 @@ def read_run(data: bytes | str) -> Run:
 def _run_from_doc(doc: dict) -> Run:
     header = doc["header"]
     _need(isinstance(header, dict) and isinstance(header.get("prompt", ""), str), "header")
+    if header.get("divergence") is not None:
+        header["divergence"] = _divergence(header["divergence"])
     raw_steps = doc["steps"]
     _need(isinstance(raw_steps, list) and 0 < len(raw_steps) <= MAX_STEPS, "steps")
     steps = [step_from_dict(s, n + 1) for n, s in enumerate(raw_steps)]
@@ -129,6 +133,16 @@ def step_from_dict(d: dict, index: int) -> Step:
                 bool(d.get("sampled", False)), draft)
 
 
+def _divergence(d: dict) -> dict:
+    """The header's explanation of the first divergence, rebuilt field by field with their types."""
+    token = d["method_token"]
+    div = Divergence(int(d["position"]), int(d["greedy_token"]), None if token is None else int(token),
+                     float(d["margin"]), float(d["bound"]), str(d["cause"]), str(d["dtype"]),
+                     None if d.get("forward_tokens") is None else int(d["forward_tokens"]))
+    _need(div.position >= 0 and div.cause in (NEAR_TIE, BUG), "divergence")
+    return div.to_json()
+
+
 def _tree(d: dict) -> DraftTree:
     t = DraftTree(_ints(d["tokens"]), _ints(d["parents"]), _ints(d["depths"]), _ints(d["ranks"]),
                   [str(s) for s in d.get("sources", [])])
@@ -152,22 +166,19 @@ def _need(ok, what: str) -> None:
 
 def record_run(lm, prompt: str, decoder, greedy, settings: dict | None = None) -> Run:
     """Run ``decoder`` to the end on ``prompt`` with ``greedy`` catching up after each step, as the app's
-    race does, and return the run (header, steps, greedy's progress, both outputs, token texts)."""
+    race does (``tr_core.race``), and return the run (header, steps, greedy's progress, both outputs, token texts)."""
     ids = lm.encode_prompt(prompt)
-    decoder.start(ids)
-    greedy.start(ids)
-    baseline = []
-    while not decoder.done:
-        decoder.step()
-        while not greedy.done and len(greedy.output) < len(decoder.output):
-            greedy.step()
-        baseline.append({"tokens": len(greedy.output), "forwards": len(greedy.steps),
-                         "seconds": sum(s.seconds for s in greedy.steps)})
+    race = Race(decoder, greedy)
+    race.start(ids)
+    while not race.done:
+        race.step()
     header = {"model": lm.name, "dtype": str(lm.dtype).replace("torch.", ""), "device": str(lm.device),
-              "template": "chat template" if getattr(lm.tokenizer, "chat_template", None) else "plain text",
+              "template": lm.template, "attention": lm.layout.describe(),
               "method": decoder.method, "settings": dict(settings or {}), "prompt": prompt, "prompt_ids": ids}
+    if race.divergence is not None:
+        header["divergence"] = race.divergence.to_json()
     special = set(getattr(lm.tokenizer, "all_special_ids", []) or []) | set(lm.eos_token_ids)
-    return make_run(header, decoder.steps, baseline, {"method": decoder.output, "baseline": greedy.output},
+    return make_run(header, decoder.steps, race.baseline, {"method": decoder.output, "baseline": greedy.output},
                     lm.token_text, special)
 
 

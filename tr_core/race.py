@@ -7,8 +7,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from tr_core.decoders import Decoder, GreedyDecoder
-from tr_core.trace import Step
+from .decoders import Decoder, GreedyDecoder
+from .precision import Divergence, explain_divergence
+from .trace import Step
 
 
 @dataclass
@@ -17,11 +18,12 @@ class Race:
     greedy: GreedyDecoder
     speedups: list[float] = field(default_factory=list)  # cumulative speedup after each step
     baseline: list[dict] = field(default_factory=list)  # greedy's tokens, forwards, seconds after each step
+    divergence: Divergence | None = None  # where and why the outputs first parted (greedy decoding only)
 
     def start(self, prompt_ids: list[int]) -> None:
         self.decoder.start(prompt_ids)
         self.greedy.start(prompt_ids)
-        self.speedups, self.baseline = [], []
+        self.speedups, self.baseline, self.divergence = [], [], None
 
     @property
     def done(self) -> bool:
@@ -35,6 +37,9 @@ class Race:
         g = self.greedy
         self.baseline.append({"tokens": len(g.output), "forwards": len(g.steps),
                               "seconds": sum(s.seconds for s in g.steps)})
+        if self.divergence is None and self.decoder.sampler is None and not self.figures()["identical"]:
+            self.divergence = explain_divergence(self.decoder.lm, self.decoder.prompt, self.greedy.output,
+                                                 self.decoder.output, step.forward_tokens)
         return step
 
     def figures(self) -> dict:
