@@ -20,6 +20,7 @@ import torch
 from tr_core.planner import CostCurve, cost_curve_for
 from tr_core.precision import precision_mode
 
+
 def cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "token-recycling"
 
