@@ -236,14 +236,17 @@ def load_model(spec: str | None = None, device: str | None = None,
     offline = os.environ.get("HF_HUB_OFFLINE") == "1" or os.environ.get("TRANSFORMERS_OFFLINE") == "1"
     hint = " (offline: only local folders, .gguf files and already cached models can load)" if offline else ""
     try:
-        config = AutoConfig.from_pretrained(path, **extra)  # refuse what we cannot serve before the weights
-        if type(config) not in MODEL_FOR_CAUSAL_LM_MAPPING:
-            raise ModelLoadError(f"{spec!r} is a {config.model_type!r} model, not a causal language model.")
-        layout = AttentionLayout.from_config(config)
-        dt = pick_dtype(dtype, dev, parameter_count(config) if dev.type == "cuda" else None)
+        attention, dt = register_attention(), pick_dtype(dtype, dev)
+        if not extra:  # a hub id or folder: refuse what we cannot serve before fetching the weights
+            config = AutoConfig.from_pretrained(path)
+            if type(config) not in MODEL_FOR_CAUSAL_LM_MAPPING:
+                raise ModelLoadError(f"{spec!r} is a {config.model_type!r} model, not a causal language model.")
+            AttentionLayout.from_config(config)
+            attention = attention_implementation(config, attention)
+            dt = pick_dtype(dtype, dev, parameter_count(config) if dev.type == "cuda" else None)
         tokenizer = AutoTokenizer.from_pretrained(path, **extra)
-        model = AutoModelForCausalLM.from_pretrained(
-            path, dtype=dt, attn_implementation=attention_implementation(config, register_attention()), **extra)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dt, attn_implementation=attention, **extra)
+        layout = AttentionLayout.from_config(model.config)  # a GGUF file's config comes with its weights
     except UnsupportedArchitecture as err:
         raise ModelLoadError(str(err)) from err
     except ModelLoadError:
