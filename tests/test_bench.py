@@ -21,6 +21,56 @@ def test_prompts_are_grouped_and_limited(tmp_path):
     assert {p.category for p in load_prompts(f, group=False)} == {"writing", "roleplay", "qa"}
 
 
+def test_offset_splits_each_category_into_disjoint_parts(tmp_path):
+    f = tmp_path / "q.jsonl"
+    write_prompts(f)
+    first = load_prompts(f, limit=1)
+    rest = load_prompts(f, offset=1)
+    assert [p.question_id for p in first] == ["1", "3"] and [p.question_id for p in rest] == ["2", "4", "5"]
+    assert [p.question_id for p in load_prompts(f, limit=1, offset=1)] == ["2", "4"]
+
+
+def test_method_order_rotates_so_each_method_takes_each_place():
+    from tr_core.bench.harness import MethodSpec, rotated
+
+    specs = [MethodSpec(n, None) for n in "abc"]
+    orders = [[s.name for s in rotated(specs, n)] for n in range(3)]
+    assert orders == [list("abc"), list("bca"), list("cab")]
+    assert all(sorted(o[i] for o in orders) == list("abc") for i in range(3))
+
+
+def fake_runs(method, seconds, tokens=10, category="qa"):
+    from tr_core.bench.harness import Run
+
+    return [Run(method, str(i), category, tokens, s, tokens, True) for i, s in enumerate(seconds)]
+
+
+def test_speedup_is_over_the_fastest_greedy_with_a_bootstrap_interval():
+    from tr_core.bench.report import summarize
+
+    greedy = [1.0, 2.0, 1.5, 1.2]
+    runs = (fake_runs("greedy", greedy) + fake_runs("greedy-aa", greedy)
+            + fake_runs("hf-greedy", [s / 1.25 for s in greedy]) + fake_runs("tr", [s / 2.5 for s in greedy]))
+    summary = summarize(runs)
+    assert summary["baseline"] == "hf-greedy"  # 1.25x faster than ours: every speedup is over it
+    tr = summary["methods"]["tr"]
+    assert tr["speedup"] == 2.0 and tr["speedup_ci"] == [2.0, 2.0]  # the same ratio on every prompt
+    assert summary["methods"]["greedy"]["speedup"] == 0.8
+    assert summary["aa"]["ratio"] == 1.0 and summary["aa"]["ok"] and summary["warnings"] == []
+    noisy = [s * f for s, f in zip(greedy, (0.5, 1.6, 0.9, 1.4))]
+    wide = summarize(runs + fake_runs("tr2", noisy))["methods"]["tr2"]["speedup_ci"]
+    assert wide[0] < wide[1]
+
+
+def test_an_aa_pair_outside_its_band_warns_that_the_machine_was_busy():
+    from tr_core.bench.report import format_table, summarize
+
+    greedy = [1.0, 2.0, 1.5, 1.2]
+    summary = summarize(fake_runs("greedy", greedy) + fake_runs("greedy-aa", [s * 1.1 for s in greedy]))
+    assert summary["aa"]["ratio"] == 0.9091 and not summary["aa"]["ok"]
+    assert "busy" in summary["warnings"][0] and "OUTSIDE" in format_table(summary)
+
+
 def test_bench_command_writes_json_csv_and_chart(tmp_path, tiny_lm, capsys):
     folder = tmp_path / "tiny"
     tiny_lm.model.save_pretrained(folder)
@@ -34,17 +84,20 @@ def test_bench_command_writes_json_csv_and_chart(tmp_path, tiny_lm, capsys):
     assert rc == 0
     summary = json.loads(out.read_text())
     methods = summary["methods"]
-    assert list(methods) == ["greedy", "tr:tr-16", "tr:chain-3+pld4", "pld"]
+    assert list(methods) == ["greedy", "greedy-aa", "hf-greedy", "tr:tr-16", "tr:chain-3+pld4", "pld"]
     for name, m in methods.items():
         assert m["identical"] == 1.0, name
         assert m["prompts"] == 4 and m["new_tokens"] > 0
         assert set(m["per_category"]) == {"mt_bench", "qa"}
         assert {"tok_per_s", "mat", "speedup", "identical"} <= set(m)
-    assert methods["greedy"]["speedup"] == 1.0 and methods["greedy"]["mat"] == 1.0
+    assert summary["baseline"] in ("greedy", "hf-greedy") and methods[summary["baseline"]]["speedup"] == 1.0
+    assert methods["greedy"]["mat"] == 1.0 and summary["aa"]["pair"] == ["greedy-aa", "greedy"]
+    lo, hi = methods["tr:tr-16"]["speedup_ci"]
+    assert lo <= methods["tr:tr-16"]["speedup"] <= hi
     assert methods["tr:tr-16"]["mean_forward_tokens"] == 17.0
     assert summary["meta"]["trees"]["tr:tr-16"] == "tr-16 (16 nodes)"
     rows = list(csv.DictReader(open(tmp_path / "o.csv")))
-    assert {r["category"] for r in rows} == {"overall", "mt_bench", "qa"} and len(rows) == 4 * 3
+    assert {r["category"] for r in rows} == {"overall", "mt_bench", "qa"} and len(rows) == 6 * 3
     assert (tmp_path / "chart.html").stat().st_size > 1000
     printed = capsys.readouterr().out
     assert "speedup" in printed and "mt_bench" in printed
@@ -70,12 +123,12 @@ def test_bench_runs_ptd_second_turns_and_sampling(tmp_path, tiny_lm, capsys):
     common = ["--prompts", str(f), "--max-new-tokens", "10", "--model", str(folder), "--quiet", "--json", str(out)]
     assert main([*common, "--methods", "greedy,ptd,ptd:8x8,tr", "--turns", "2"]) == 0
     methods = json.loads(out.read_text())["methods"]
-    assert list(methods) == ["greedy", "ptd", "ptd:8x8", "tr"]
+    assert list(methods) == ["greedy", "greedy-aa", "hf-greedy", "ptd", "ptd:8x8", "tr"]
     for m in methods.values():
         assert m["prompts"] == 3 and m["identical"] == 1.0  # two turns of question 1 + question 2
     assert main([*common, "--methods", "tr,ptd,pld", "--temperature", "0.7", "--top-p", "0.9"]) == 0
     summary = json.loads(out.read_text())
-    assert list(summary["methods"]) == ["sample", "tr", "ptd", "pld"]
+    assert list(summary["methods"]) == ["sample", "sample-aa", "tr", "ptd", "pld"]
     assert all(m["identical"] is None for m in summary["methods"].values())
     assert summary["meta"]["sampling"]["temperature"] == 0.7
     assert "n/a" in capsys.readouterr().out
