@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
                          "tr:TREE+pldN, pld, hf-pld")
     ap.add_argument("--tree", default=None, help="tree for plain 'tr' (preset, chain-N or JSON file)")
     ap.add_argument("--lookup", type=int, default=None,
-                    help="prompt-lookup tokens merged into plain 'tr' trees (0 = off; default: CPU 10, GPU 0)")
+                    help="prompt-lookup tokens merged into plain 'tr' trees (0 = off; default: CPU 24, cut by the planner to what pays; GPU 0)")
     ap.add_argument("--k", type=int, default=8, help="candidates per matrix row")
     ap.add_argument("--model", default=None, help="'embedded' (default), a HF id, a folder or a .gguf file")
     ap.add_argument("--device", default=None)
