@@ -96,7 +96,8 @@ class CostCurve:
         d = np.array([-1.0, 1.0, 0.0])
         prior = np.diag([wa, 0.0, wg]) + w * np.outer(d, d)
         target = np.array([wa, 0.0, wg * self.per_cache])
-        return np.linalg.solve(self._gram + prior, self._moment + target)
+        coef = np.linalg.solve(self._gram + prior, self._moment + target)
+        return np.maximum(coef, [1e-3, 0.0, 0.0])  # no part of a forward is free or pays back
 
     @classmethod
     @torch.inference_mode()

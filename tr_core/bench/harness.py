@@ -12,7 +12,8 @@ from ..decoders import GreedyDecoder, ProgressiveTreeDecoder, PromptLookupDecode
 from ..decoders.base import Decoder
 from ..matrix import AdjacencyMatrix
 from ..models import LoadedModel
-from ..ptd import PTDConfig
+from ..cost import cost_curve_for
+from ..ptd import PTDConfig, PTDPlanner
 from ..sampling import SamplingConfig
 from .data import BenchPrompt
 from .peers import HFGenerate, HFPromptLookup
@@ -63,16 +64,20 @@ def _tr_spec(name: str, lm: LoadedModel, tree: str | None, k: int, lookup: int |
                             f"{probe.tree.name} ({probe.tree.size} nodes)") + extra, reset=reset)
 
 
-def _ptd_spec(name: str, arg: str, sampling: SamplingConfig | None = None) -> MethodSpec:
-    """``ptd`` (the paper's defaults) or ``ptd:TxD`` (at most T candidates and D draft nodes a step)."""
-    config = PTDConfig()
-    if arg:
+def _ptd_spec(name: str, arg: str, lm: LoadedModel, sampling: SamplingConfig | None = None) -> MethodSpec:
+    """``ptd`` (the device default: cost-aware where extra tokens cost), ``ptd:paper`` (the paper's
+    settings) or ``ptd:TxD`` (at most T candidates and D draft nodes a step, fixed)."""
+    config = PTDConfig.for_device(lm.device) if not arg else PTDConfig.paper()
+    if arg and arg != "paper":
         try:
             config.trie_nodes, config.max_nodes = (int(x) for x in arg.split("x"))
         except ValueError:
-            raise ValueError(f"Bad method {name!r}: use ptd:TxD with two numbers, e.g. ptd:16x16.") from None
-    label = f"trie<={config.trie_nodes}, draft<={config.max_nodes}, width {config.width}, depth {config.depth}"
-    return MethodSpec(name, lambda lm_, n: ProgressiveTreeDecoder(lm_, n, config, sampling), tree=label)
+            raise ValueError(f"Bad method {name!r}: use ptd, ptd:paper or ptd:TxD with two numbers, e.g. "
+                             "ptd:16x16.") from None
+    planner = PTDPlanner(cost_curve_for(lm), config.max_nodes) if config.cost_aware else None
+    label = (f"cost-aware, trie<={config.trie_nodes}, draft<={planner.draft_budget()}" if planner else
+             f"trie<={config.trie_nodes}, draft<={config.max_nodes}") + f", width {config.width}, depth {config.depth}"
+    return MethodSpec(name, lambda lm_, n: ProgressiveTreeDecoder(lm_, n, config, sampling, planner), tree=label)
 
 
 AA_SUFFIX = "-aa"  # the baseline's second copy: the A/A row
@@ -111,7 +116,7 @@ def parse_methods(text: str, lm: LoadedModel, tree: str | None = None, k: int = 
                                     tree="generate(prompt_lookup=10), untouched model"))
             continue
         if base == "ptd":
-            specs.append(_ptd_spec(name, arg, sampling))
+            specs.append(_ptd_spec(name, arg, lm, sampling))
             continue
         if base == "tr" and not arg:
             specs.append(_tr_spec(name, lm, tree, k, lookup, sampling))
@@ -123,7 +128,7 @@ def parse_methods(text: str, lm: LoadedModel, tree: str | None = None, k: int = 
                 raise ValueError(f"Bad method {name!r}: use tr:TREE+pldN with N a number.") from None
             specs.append(_tr_spec(name, lm, shape, k, n, sampling))
         else:
-            raise ValueError(f"Unknown method {name!r}; known: greedy, hf-greedy, tr, tr:TREE, tr:TREE+pldN, pld, hf-pld, ptd, ptd:TxD.")
+            raise ValueError(f"Unknown method {name!r}; known: greedy, hf-greedy, tr, tr:TREE, tr:TREE+pldN, pld, hf-pld, ptd, ptd:paper, ptd:TxD.")
     return specs
 
 

@@ -135,7 +135,8 @@ class TokenRecyclingDecoder(TreeDecoder):
             drafted = tokens[path[1:]].tolist()
             run = next((i for i, (a, b) in enumerate(zip(chain, drafted)) if a != b), min(len(chain), len(drafted)))
             self.planner.record_lookup(ngram, len(chain), run)
-        new = self.planner.record(shape, accepted, tokens.shape[0], forward_seconds, self.cache_length)
+        new = self.planner.record(shape, accepted, tokens.shape[0], forward_seconds,
+                                   self.cache_length - tokens.shape[0])
         if new is not None:
             self.set_tree(new)
 
