@@ -166,3 +166,19 @@ def test_lookup_continuation_is_cut_where_its_tokens_stop_paying(tiny_lm):
     assert planner.lookup_length(5, 2, offset=0, available=6) == 6
     planner.cost = CostCurve([1, 101], [1.0, 201.0])  # each token costs two forwards: take none
     assert planner.lookup_length(1, 2, offset=0, available=6) == 0  # 2/1 against 2.9/3 with one
+
+
+def test_acceptance_is_kept_per_temperature(tiny_lm):
+    from tr_core.planner import TreePlanner
+
+    planner = TreePlanner(tiny_lm, universe="paper-80", every=1)
+    planner.cost = CostCurve([1, 101], [1.0, 1.5])
+    planner.reset()
+    greedy_tree = planner.tree
+    planner.use_temperature(1.0)
+    for _ in range(60):  # nothing drafted is accepted when sampling
+        planner.record(planner.tree, [])
+    assert planner.tree.size < greedy_tree.size
+    planner.use_temperature(0.0)  # greedy decoding keeps its own statistics
+    assert planner.tree.paths == greedy_tree.paths
+    assert set(planner.by_temperature) == {0.0, 1.0}

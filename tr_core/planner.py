@@ -156,13 +156,30 @@ class TreePlanner:
 
     def reset(self) -> None:
         """Back to the prior: no statistics, the initial plan."""
-        prior = tree_prior(self.universe_name) or {}
-        if self.uniform_prior:
-            prior = {p: UNIFORM_RATE for p in self.universe.paths}
-        self.stats = AcceptanceStats(self.universe, prior)
+        self.by_temperature: dict[float, tuple[AcceptanceStats, ChainStats]] = {}
+        self.temperature = None
         self.steps, self.idle, self.cache, self.hot = 0, 0, None, False
+        self.use_temperature(0.0)
+
+    def use_temperature(self, temperature: float) -> None:
+        """Plan for decoding at ``temperature`` (0: greedy) from here on.  Acceptance is kept per
+        temperature: drafts match random draws less often than the argmax, so sampled acceptance
+        starts from the greedy prior at a quarter of its weight and follows what is seen."""
+        key = round(float(temperature), 2)
+        if key == self.temperature:
+            return
+        if key not in self.by_temperature:
+            prior = tree_prior(self.universe_name) or {}
+            if self.uniform_prior:
+                prior = {p: UNIFORM_RATE for p in self.universe.paths}
+            stats = AcceptanceStats(self.universe, prior)
+            chain = ChainStats(prior={} if self.uniform_prior else lookup_prior(self.universe_name))
+            if key > 0:
+                stats.weight, chain.weight = stats.weight / 4, chain.weight / 4
+            self.by_temperature[key] = (stats, chain)
+        self.temperature = key
+        self.stats, self.chain = self.by_temperature[key]
         self.tree, self.expected = plan_tree(self.universe, self.stats.estimate, self.step_cost)
-        self.chain = ChainStats(prior={} if self.uniform_prior else lookup_prior(self.universe_name))
 
     def step_cost(self, q: int) -> float:
         """Seconds of a forward of ``q`` tokens at the cache length last seen."""

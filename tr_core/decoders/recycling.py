@@ -50,6 +50,7 @@ class TokenRecyclingDecoder(TreeDecoder):
             tree = default_tree_name(lm.device)
         self.planner = (planner or TreePlanner(lm, k=k)) if tree == "auto" else None
         if self.planner is not None:
+            self.planner.use_temperature(sampling.temperature if sampling is not None else 0.0)
             tree = self.planner.tree
         if matrix is None:
             matrix = AdjacencyMatrix(lm.vocab_size, k, lm.device, lm.fingerprint)
