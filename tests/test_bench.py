@@ -121,9 +121,11 @@ def test_bench_runs_ptd_second_turns_and_sampling(tmp_path, tiny_lm, capsys):
         {"question_id": "2", "category": "qa", "turns": ["w7 w8 w7 w8"]}]))
     out = tmp_path / "out.json"
     common = ["--prompts", str(f), "--max-new-tokens", "10", "--model", str(folder), "--quiet", "--json", str(out)]
-    assert main([*common, "--methods", "greedy,ptd,ptd:8x8,tr", "--turns", "2"]) == 0
+    assert main([*common, "--methods", "greedy,ptd,ptd:8x8,tr,tr:uniform,ptd:paper", "--turns", "2"]) == 0
     methods = json.loads(out.read_text())["methods"]
-    assert list(methods) == ["greedy", "greedy-aa", "hf-greedy", "ptd", "ptd:8x8", "tr"]
+    assert list(methods) == ["greedy", "greedy-aa", "hf-greedy", "ptd", "ptd:8x8", "tr", "tr:uniform", "ptd:paper"]
+    trees = json.loads(out.read_text())["meta"]["trees"]
+    assert "uniform priors" in trees["tr:uniform"] and "cost-aware" in trees["ptd"] and "cost" not in trees["ptd:paper"]
     for m in methods.values():
         assert m["prompts"] == 3 and m["identical"] == 1.0  # two turns of question 1 + question 2
     assert main([*common, "--methods", "tr,ptd,pld", "--temperature", "0.7", "--top-p", "0.9"]) == 0

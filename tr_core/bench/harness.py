@@ -13,6 +13,7 @@ from ..decoders.base import Decoder
 from ..matrix import AdjacencyMatrix
 from ..models import LoadedModel
 from ..cost import cost_curve_for
+from ..planner import TreePlanner
 from ..ptd import PTDConfig, PTDPlanner
 from ..sampling import SamplingConfig
 from .data import BenchPrompt
@@ -45,10 +46,12 @@ class Run:
 
 
 def _tr_spec(name: str, lm: LoadedModel, tree: str | None, k: int, lookup: int | None,
-             sampling: SamplingConfig | None = None) -> MethodSpec:
-    """``tr`` (the device default), ``tr:TREE`` (the paper's method on TREE) or ``tr:TREE+pldN``."""
+             sampling: SamplingConfig | None = None, uniform: bool = False) -> MethodSpec:
+    """``tr`` (the device default), ``tr:TREE`` (the paper's method on TREE) or ``tr:TREE+pldN``;
+    ``uniform``: the auto tree's planner starts from no learnt priors (``tr:uniform``, the ablation)."""
     matrix = AdjacencyMatrix(lm.vocab_size, k, lm.device, lm.fingerprint)  # hot start across prompts
-    probe = TokenRecyclingDecoder(lm, tree=tree, matrix=matrix, lookup=lookup)
+    planner = TreePlanner(lm, k=k, uniform_prior=True) if uniform else None
+    probe = TokenRecyclingDecoder(lm, tree="auto" if uniform else tree, matrix=matrix, lookup=lookup, planner=planner)
     lookup, planner = probe.lookup, probe.planner
     extra = f" + lookup {lookup}" if lookup else ""
     shape = "auto" if planner is not None else probe.tree
@@ -60,7 +63,7 @@ def _tr_spec(name: str, lm: LoadedModel, tree: str | None, k: int, lookup: int |
     return MethodSpec(name, lambda lm_, n: TokenRecyclingDecoder(lm_, tree=shape, matrix=matrix, lookup=lookup,
                                                                  planner=planner, max_new_tokens=n,
                                                                  trace_rows=False, sampling=sampling),
-                      tree=("auto (cost-aware, from paper-80)" if planner else
+                      tree=(f"auto (cost-aware, from paper-80{', uniform priors' if uniform else ''})" if planner else
                             f"{probe.tree.name} ({probe.tree.size} nodes)") + extra, reset=reset)
 
 
@@ -118,8 +121,8 @@ def parse_methods(text: str, lm: LoadedModel, tree: str | None = None, k: int = 
         if base == "ptd":
             specs.append(_ptd_spec(name, arg, lm, sampling))
             continue
-        if base == "tr" and not arg:
-            specs.append(_tr_spec(name, lm, tree, k, lookup, sampling))
+        if base == "tr" and arg in ("", "uniform"):
+            specs.append(_tr_spec(name, lm, tree, k, lookup, sampling, uniform=arg == "uniform"))
         elif base == "tr":
             shape, _, pld = arg.partition("+pld")
             try:
@@ -128,7 +131,7 @@ def parse_methods(text: str, lm: LoadedModel, tree: str | None = None, k: int = 
                 raise ValueError(f"Bad method {name!r}: use tr:TREE+pldN with N a number.") from None
             specs.append(_tr_spec(name, lm, shape, k, n, sampling))
         else:
-            raise ValueError(f"Unknown method {name!r}; known: greedy, hf-greedy, tr, tr:TREE, tr:TREE+pldN, pld, hf-pld, ptd, ptd:paper, ptd:TxD.")
+            raise ValueError(f"Unknown method {name!r}; known: greedy, hf-greedy, tr, tr:uniform, tr:TREE, tr:TREE+pldN, pld, hf-pld, ptd, ptd:paper, ptd:TxD.")
     return specs
 
 
