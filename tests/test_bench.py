@@ -177,3 +177,55 @@ def test_gpu_bundle_travels_a_lossy_model_that_loads_and_benchmarks(tmp_path, ti
     assert json.loads(out.read_text())["methods"]["tr:tr-16"]["identical"] == 1.0
     assert bundle_main(["unpack", str(tmp_path / "nothing"), str(model)]) == 2
     assert "not a bundle" in capsys.readouterr().err
+
+
+def test_lookup_prior_is_replayed_from_known_outputs():
+    from tr_core.bench.calibrate import lookup_acceptance
+
+    prompt = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]
+    out = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]  # copies the prompt, then leaves it
+    table = lookup_acceptance([prompt] * 6, [out] * 6, span=12)
+    # t=0: "10" occurs nowhere earlier, no continuation; one token committed.  t=1: "1" continues as
+    # 2..10, 1 against 2..10, 11: nine accepted, the tenth not; then nothing matches "11" or "12".
+    assert table["1"]["cold"] == [1.0] * 9 + [0.0, None, None]
+    assert table["1"]["hot"] == [None] * 12 and table["3"] == {"cold": [None] * 12, "hot": [None] * 12}
+    copy = lookup_acceptance([prompt + prompt] * 6, [prompt + prompt] * 6, span=4)  # copying throughout
+    assert copy["3"]["hot"] == [1.0] * 4  # after a run of 4, the next continuation is hot
+
+
+def test_presets_grow_best_first_from_the_rates():
+    from tr_core.bench.calibrate import grow_preset
+    from tr_core.trees import TreeShape
+
+    u = TreeShape.from_paths([[0], [1], [0, 0], [0, 1], [1, 0]])
+    rates = [0.5, 0.1, 0.4, 0.05, 0.3]  # [1, 0] is rated above [1] but needs its parent first
+    assert grow_preset(u, rates, 2) == [[0], [0, 0]]
+    assert grow_preset(u, rates, 4) == [[0], [1], [0, 0], [1, 0]]
+
+
+def test_calibrate_command_writes_priors_presets_and_where_they_came_from(tmp_path, tiny_lm):
+    import shutil
+
+    from tr_core.bench.calibrate import main as calibrate
+    from tr_core.planner import lookup_prior
+    from tr_core.trees import PRESET_DIR, TreeShape
+
+    folder = tmp_path / "tiny"
+    tiny_lm.model.save_pretrained(folder)
+    tiny_lm.tokenizer.save_pretrained(folder)
+    prompts = tmp_path / "q.jsonl"
+    write_prompts(prompts)
+    presets = tmp_path / "presets"
+    presets.mkdir()
+    shutil.copy(PRESET_DIR / "paper-80.json", presets / "paper-80.json")
+    assert calibrate(["--prompts", str(prompts), "--offset", "1", "--limit", "2", "--max-new-tokens", "12",
+                      "--model", str(folder), "--write", "--presets", str(presets)]) == 0
+    data = json.loads((presets / "paper-80.json").read_text())
+    assert data["calibration"]["offset"] == 1 and data["calibration"]["prompt_count"] == 3  # ids 2, 4, 5
+    assert len(data["acceptance"]) == 80 and set(data["lookup_acceptance"]) == {"1", "2", "3"}
+    tr8 = json.loads((presets / "tr-8.json").read_text())
+    assert len(tr8["nodes"]) == 8 and "--offset 1" in tr8["calibration"]["command"]
+    TreeShape.from_paths(tr8["nodes"])  # a valid tree: every parent is in
+    shipped = json.loads((PRESET_DIR / "paper-80.json").read_text())
+    assert shipped["calibration"]["offset"] >= 10  # the shipped priors never saw the evaluation split
+    assert lookup_prior("paper-80")

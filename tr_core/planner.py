@@ -66,7 +66,8 @@ class AcceptanceStats(DecayedRates):
         return self.rate(p, self.prior.get(p, 0.0))
 
 
-LOOKUP_STATES = ("cold", "hot")  # the previous lookup continuation: cut short, or accepted in full
+LOOKUP_STATES = ("cold", "hot")  # the previous lookup continuation: short-lived, or accepted at length
+HOT_RUN = 4  # accepted continuation tokens that make the next lookup "hot" (the text is being copied)
 
 
 def lookup_prior(universe: str) -> dict:
@@ -81,8 +82,8 @@ def lookup_prior(universe: str) -> dict:
 @dataclass
 class ChainStats(DecayedRates):
     """P(the i-th token of a prompt-lookup continuation is accepted), by matched n-gram size and by
-    whether the previous continuation was accepted in full (``hot``: the output is copying the
-    context, and the next continuation is likely to run long too) or not.
+    whether the previous continuation had at least ``HOT_RUN`` tokens accepted (``hot``: the output
+    is copying the context, and the next continuation is likely to run long too) or not.
 
     Online counts per key, faded by ``decay`` and shrunk towards the calibrated prior (``prior``,
     from :func:`lookup_prior`), else a geometric ``PRIOR_RATE[n] ** (i + 1)``."""
@@ -188,7 +189,7 @@ class TreePlanner:
     def record_lookup(self, ngram: int, offered: int, accepted: int) -> None:
         """A lookup continuation of ``offered`` tokens had its first ``accepted`` accepted."""
         self.chain.record(ngram, offered, accepted, self.hot)
-        self.hot = offered > 0 and accepted >= offered
+        self.hot = accepted >= HOT_RUN
 
     def lookup_length(self, q: int, ngram: int, offset: int, available: int) -> int:
         """How many of the ``available`` lookup tokens to add to a forward of ``q`` tokens: the prefix

@@ -11,8 +11,9 @@ category, ``--offset 10``; the bench reports the first 10, ``--split eval``):
   children), so each is a sub-tree of the paper's;
 * the prompt-lookup prior (``"lookup_acceptance"`` in ``paper-80.json``): P(the i-th token of a
   continuation is accepted) by matched n-gram size and by whether the previous lookup step's
-  continuation was accepted in full (``hot``, the text is being copied) or not (``cold``), from
-  prompt lookup decoding replayed on the greedy outputs (lossless, so TR's outputs are greedy's).
+  continuation had at least ``HOT_RUN`` tokens accepted (``hot``, the text is being copied) or not
+  (``cold``), from prompt lookup decoding replayed on the greedy outputs (lossless, so TR's outputs
+  are greedy's).  ``--only lookup`` re-derives this one alone, from greedy decoding.
 
 ``--write`` stores them in ``tr_core/tree_presets`` with the command and split in each file's
 ``"calibration"`` entry; without it the results are printed only.
@@ -25,6 +26,7 @@ import sys
 from pathlib import Path
 
 from ..lookup import lookup_with_ngram
+from ..planner import HOT_RUN
 from ..trees import PRESET_DIR, TreeShape, load_tree
 from .data import SPLITS, load_prompts
 
@@ -75,7 +77,7 @@ def lookup_acceptance(prompts: list[list[int]], outputs: list[list[int]], span: 
                 trials[key] = trials.get(key, 0) + 1
                 hits[key] = hits.get(key, 0) + (i < run)
             if chain:
-                hot = run == len(chain)
+                hot = run >= HOT_RUN
             t += run + 1
     return {str(n): {state: [round(hits[n, h, i] / trials[n, h, i], 4) if trials.get((n, h, i), 0) >= 5 else None
                              for i in range(span)]
@@ -114,6 +116,21 @@ def write_presets(universe_file: Path, rates: list[float], lookup: dict, provena
         (folder / f"tr-{size}.json").write_text(json.dumps(preset) + "\n")
 
 
+def greedy_outputs(lm, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
+    """Plain greedy decoding of every prompt (what the lookup prior is replayed on)."""
+    from ..decoders import GreedyDecoder
+
+    return [GreedyDecoder(lm, max_new_tokens).generate(ids) for ids in prompts]
+
+
+def write_lookup_prior(universe_file: Path, lookup: dict, provenance: dict) -> None:
+    """Store the lookup prior alone, with its own provenance (``"lookup_calibration"``)."""
+    data = json.loads(universe_file.read_text())
+    data["lookup_acceptance"] = lookup
+    data["lookup_calibration"] = provenance
+    universe_file.write_text(json.dumps(data) + "\n")
+
+
 def main(argv: list[str] | None = None) -> int:
     from . import __main__ as bench_cli
     from ..models import ModelLoadError, load_model
@@ -127,6 +144,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--model", default=None)
     ap.add_argument("--write", action="store_true", help="store the results in tr_core/tree_presets")
+    ap.add_argument("--only", choices=("all", "lookup"), default="all",
+                    help="lookup: re-derive only the prompt-lookup prior (from greedy decoding; quicker)")
     ap.add_argument("--presets", default=str(PRESET_DIR), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     try:
@@ -136,16 +155,24 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     ids = [lm.encode_prompt(p.text) for p in prompts]
-    rates, steps, outputs = tree_acceptance(lm, ids, load_tree(UNIVERSE), args.max_new_tokens)
-    lookup = lookup_acceptance(ids, outputs)
     command = "python -m tr_core.bench.calibrate " + " ".join(argv if argv is not None else sys.argv[1:])
     provenance = {"command": command.strip(), "prompts": Path(args.prompts).name, "offset": args.offset,
                   "limit": args.limit, "prompt_count": len(prompts), "max_new_tokens": args.max_new_tokens,
-                  "steps": steps, "model": lm.name, "dtype": "float32"}
+                  "model": lm.name, "dtype": "float32"}
+    folder = Path(args.presets)
+    if args.only == "lookup":
+        lookup = lookup_acceptance(ids, greedy_outputs(lm, ids, args.max_new_tokens))
+        print(json.dumps({"provenance": provenance, "lookup_hot_3": lookup["3"]["hot"][:8],
+                          "lookup_cold_3": lookup["3"]["cold"][:8]}))
+        if args.write:
+            write_lookup_prior(folder / f"{UNIVERSE}.json", lookup, provenance)
+        return 0
+    rates, steps, outputs = tree_acceptance(lm, ids, load_tree(UNIVERSE), args.max_new_tokens)
+    lookup = lookup_acceptance(ids, outputs)
+    provenance["steps"] = steps
     print(json.dumps({"provenance": provenance, "top_rates": sorted(rates, reverse=True)[:8],
                       "lookup_hot_3": lookup["3"]["hot"][:8], "lookup_cold_3": lookup["3"]["cold"][:8]}))
     if args.write:
-        folder = Path(args.presets)
         write_presets(folder / f"{UNIVERSE}.json", rates, lookup, provenance, folder)
     return 0
 
