@@ -22,6 +22,22 @@ from .report import format_table, summarize, write_chart, write_csv
 DEFAULT_PROMPTS = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "spec_bench" / "question.jsonl"
 
 
+def run_meta(args, lm, specs, sampling, offset: int) -> dict:
+    """What a report needs to be read and repeated: model, machine, versions, settings, kernels, trees."""
+    import transformers
+
+    return {"model": lm.name, "device": str(lm.device), "dtype": str(lm.dtype).replace("torch.", ""),
+            "prepacked_linears": lm.prepacked,
+            "kernels_by_rows": (kernel_choice(lm.model).as_dict() if lm.prepacked else None),
+            "torch": torch.__version__, "transformers": transformers.__version__,
+            "machine": f"{platform.machine()} {platform.processor() or ''} threads={torch.get_num_threads()}".strip(),
+            "gpu": torch.cuda.get_device_name(lm.device) if lm.device.type == "cuda" else None,
+            "prompts_file": str(args.prompts), "offset": offset, "limit": args.limit, "max_new_tokens": args.max_new_tokens,
+            "turns": args.turns, "sampling": None if sampling is None else vars(sampling), "matrix_shape": [lm.vocab_size, args.k],
+            "matrix_bytes": lm.vocab_size * args.k * 4,
+            "trees": {s.name: s.tree for s in specs if s.tree}, "default_tree": default_tree_name(lm.device)}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m tr_core.bench", description=__doc__)
     ap.add_argument("--prompts", default=str(DEFAULT_PROMPTS), help="Spec-Bench-format JSONL (first turn used)")
@@ -75,18 +91,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     runs = run_benchmark(lm, prompts, specs, args.max_new_tokens, args.warmup, progress=not args.quiet,
                          turns=args.turns, compare=sampling is None)
-    import transformers
-
-    meta = {"model": lm.name, "device": str(lm.device), "dtype": str(lm.dtype).replace("torch.", ""),
-            "prepacked_linears": lm.prepacked,
-            "kernels_by_rows": (kernel_choice(lm.model).as_dict() if lm.prepacked else None),
-            "torch": torch.__version__, "transformers": transformers.__version__,
-            "machine": f"{platform.machine()} {platform.processor() or ''} threads={torch.get_num_threads()}".strip(),
-            "gpu": torch.cuda.get_device_name(lm.device) if lm.device.type == "cuda" else None,
-            "prompts_file": str(args.prompts), "offset": offset, "limit": args.limit, "max_new_tokens": args.max_new_tokens,
-            "turns": args.turns, "sampling": None if sampling is None else vars(sampling), "matrix_shape": [lm.vocab_size, args.k],
-            "matrix_bytes": lm.vocab_size * args.k * 4,
-            "trees": {s.name: s.tree for s in specs if s.tree}, "default_tree": default_tree_name(lm.device)}
+    meta = run_meta(args, lm, specs, sampling, offset)
     summary = summarize(runs, meta)
     print(format_table(summary))
     for warning in summary["warnings"]:
