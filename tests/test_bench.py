@@ -21,6 +21,56 @@ def test_prompts_are_grouped_and_limited(tmp_path):
     assert {p.category for p in load_prompts(f, group=False)} == {"writing", "roleplay", "qa"}
 
 
+def test_offset_splits_each_category_into_disjoint_parts(tmp_path):
+    f = tmp_path / "q.jsonl"
+    write_prompts(f)
+    first = load_prompts(f, limit=1)
+    rest = load_prompts(f, offset=1)
+    assert [p.question_id for p in first] == ["1", "3"] and [p.question_id for p in rest] == ["2", "4", "5"]
+    assert [p.question_id for p in load_prompts(f, limit=1, offset=1)] == ["2", "4"]
+
+
+def test_method_order_rotates_so_each_method_takes_each_place():
+    from tr_core.bench.harness import MethodSpec, rotated
+
+    specs = [MethodSpec(n, None) for n in "abc"]
+    orders = [[s.name for s in rotated(specs, n)] for n in range(3)]
+    assert orders == [list("abc"), list("bca"), list("cab")]
+    assert all(sorted(o[i] for o in orders) == list("abc") for i in range(3))
+
+
+def fake_runs(method, seconds, tokens=10, category="qa"):
+    from tr_core.bench.harness import Run
+
+    return [Run(method, str(i), category, tokens, s, tokens, True) for i, s in enumerate(seconds)]
+
+
+def test_speedup_is_over_the_fastest_greedy_with_a_bootstrap_interval():
+    from tr_core.bench.report import summarize
+
+    greedy = [1.0, 2.0, 1.5, 1.2]
+    runs = (fake_runs("greedy", greedy) + fake_runs("greedy-aa", greedy)
+            + fake_runs("hf-greedy", [s / 1.25 for s in greedy]) + fake_runs("tr", [s / 2.5 for s in greedy]))
+    summary = summarize(runs)
+    assert summary["baseline"] == "hf-greedy"  # 1.25x faster than ours: every speedup is over it
+    tr = summary["methods"]["tr"]
+    assert tr["speedup"] == 2.0 and tr["speedup_ci"] == [2.0, 2.0]  # the same ratio on every prompt
+    assert summary["methods"]["greedy"]["speedup"] == 0.8
+    assert summary["aa"]["ratio"] == 1.0 and summary["aa"]["ok"] and summary["warnings"] == []
+    noisy = [s * f for s, f in zip(greedy, (0.5, 1.6, 0.9, 1.4))]
+    wide = summarize(runs + fake_runs("tr2", noisy))["methods"]["tr2"]["speedup_ci"]
+    assert wide[0] < wide[1]
+
+
+def test_an_aa_pair_outside_its_band_warns_that_the_machine_was_busy():
+    from tr_core.bench.report import format_table, summarize
+
+    greedy = [1.0, 2.0, 1.5, 1.2]
+    summary = summarize(fake_runs("greedy", greedy) + fake_runs("greedy-aa", [s * 1.1 for s in greedy]))
+    assert summary["aa"]["ratio"] == 0.9091 and not summary["aa"]["ok"]
+    assert "busy" in summary["warnings"][0] and "OUTSIDE" in format_table(summary)
+
+
 def test_bench_command_writes_json_csv_and_chart(tmp_path, tiny_lm, capsys):
     folder = tmp_path / "tiny"
     tiny_lm.model.save_pretrained(folder)
@@ -34,17 +84,20 @@ def test_bench_command_writes_json_csv_and_chart(tmp_path, tiny_lm, capsys):
     assert rc == 0
     summary = json.loads(out.read_text())
     methods = summary["methods"]
-    assert list(methods) == ["greedy", "tr:tr-16", "tr:chain-3+pld4", "pld"]
+    assert list(methods) == ["greedy", "greedy-aa", "hf-greedy", "tr:tr-16", "tr:chain-3+pld4", "pld"]
     for name, m in methods.items():
         assert m["identical"] == 1.0, name
         assert m["prompts"] == 4 and m["new_tokens"] > 0
         assert set(m["per_category"]) == {"mt_bench", "qa"}
         assert {"tok_per_s", "mat", "speedup", "identical"} <= set(m)
-    assert methods["greedy"]["speedup"] == 1.0 and methods["greedy"]["mat"] == 1.0
+    assert summary["baseline"] in ("greedy", "hf-greedy") and methods[summary["baseline"]]["speedup"] == 1.0
+    assert methods["greedy"]["mat"] == 1.0 and summary["aa"]["pair"] == ["greedy-aa", "greedy"]
+    lo, hi = methods["tr:tr-16"]["speedup_ci"]
+    assert lo <= methods["tr:tr-16"]["speedup"] <= hi
     assert methods["tr:tr-16"]["mean_forward_tokens"] == 17.0
     assert summary["meta"]["trees"]["tr:tr-16"] == "tr-16 (16 nodes)"
     rows = list(csv.DictReader(open(tmp_path / "o.csv")))
-    assert {r["category"] for r in rows} == {"overall", "mt_bench", "qa"} and len(rows) == 4 * 3
+    assert {r["category"] for r in rows} == {"overall", "mt_bench", "qa"} and len(rows) == 6 * 3
     assert (tmp_path / "chart.html").stat().st_size > 1000
     printed = capsys.readouterr().out
     assert "speedup" in printed and "mt_bench" in printed
@@ -68,14 +121,16 @@ def test_bench_runs_ptd_second_turns_and_sampling(tmp_path, tiny_lm, capsys):
         {"question_id": "2", "category": "qa", "turns": ["w7 w8 w7 w8"]}]))
     out = tmp_path / "out.json"
     common = ["--prompts", str(f), "--max-new-tokens", "10", "--model", str(folder), "--quiet", "--json", str(out)]
-    assert main([*common, "--methods", "greedy,ptd,ptd:8x8,tr", "--turns", "2"]) == 0
+    assert main([*common, "--methods", "greedy,ptd,ptd:8x8,tr,tr:uniform,ptd:paper", "--turns", "2"]) == 0
     methods = json.loads(out.read_text())["methods"]
-    assert list(methods) == ["greedy", "ptd", "ptd:8x8", "tr"]
+    assert list(methods) == ["greedy", "greedy-aa", "hf-greedy", "ptd", "ptd:8x8", "tr", "tr:uniform", "ptd:paper"]
+    trees = json.loads(out.read_text())["meta"]["trees"]
+    assert "uniform priors" in trees["tr:uniform"] and "cost-aware" in trees["ptd"] and "cost" not in trees["ptd:paper"]
     for m in methods.values():
         assert m["prompts"] == 3 and m["identical"] == 1.0  # two turns of question 1 + question 2
     assert main([*common, "--methods", "tr,ptd,pld", "--temperature", "0.7", "--top-p", "0.9"]) == 0
     summary = json.loads(out.read_text())
-    assert list(summary["methods"]) == ["sample", "tr", "ptd", "pld"]
+    assert list(summary["methods"]) == ["sample", "sample-aa", "tr", "ptd", "pld"]
     assert all(m["identical"] is None for m in summary["methods"].values())
     assert summary["meta"]["sampling"]["temperature"] == 0.7
     assert "n/a" in capsys.readouterr().out
@@ -122,3 +177,55 @@ def test_gpu_bundle_travels_a_lossy_model_that_loads_and_benchmarks(tmp_path, ti
     assert json.loads(out.read_text())["methods"]["tr:tr-16"]["identical"] == 1.0
     assert bundle_main(["unpack", str(tmp_path / "nothing"), str(model)]) == 2
     assert "not a bundle" in capsys.readouterr().err
+
+
+def test_lookup_prior_is_replayed_from_known_outputs():
+    from tr_core.bench.calibrate import lookup_acceptance
+
+    prompt = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]
+    out = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]  # copies the prompt, then leaves it
+    table = lookup_acceptance([prompt] * 6, [out] * 6, span=12)
+    # t=0: "10" occurs nowhere earlier, no continuation; one token committed.  t=1: "1" continues as
+    # 2..10, 1 against 2..10, 11: nine accepted, the tenth not; then nothing matches "11" or "12".
+    assert table["1"]["cold"] == [1.0] * 9 + [0.0, None, None]
+    assert table["1"]["hot"] == [None] * 12 and table["3"] == {"cold": [None] * 12, "hot": [None] * 12}
+    copy = lookup_acceptance([prompt + prompt] * 6, [prompt + prompt] * 6, span=4)  # copying throughout
+    assert copy["3"]["hot"] == [1.0] * 4  # after a run of 4, the next continuation is hot
+
+
+def test_presets_grow_best_first_from_the_rates():
+    from tr_core.bench.calibrate import grow_preset
+    from tr_core.trees import TreeShape
+
+    u = TreeShape.from_paths([[0], [1], [0, 0], [0, 1], [1, 0]])
+    rates = [0.5, 0.1, 0.4, 0.05, 0.3]  # [1, 0] is rated above [1] but needs its parent first
+    assert grow_preset(u, rates, 2) == [[0], [0, 0]]
+    assert grow_preset(u, rates, 4) == [[0], [1], [0, 0], [1, 0]]
+
+
+def test_calibrate_command_writes_priors_presets_and_where_they_came_from(tmp_path, tiny_lm):
+    import shutil
+
+    from tr_core.bench.calibrate import main as calibrate
+    from tr_core.planner import lookup_prior
+    from tr_core.trees import PRESET_DIR, TreeShape
+
+    folder = tmp_path / "tiny"
+    tiny_lm.model.save_pretrained(folder)
+    tiny_lm.tokenizer.save_pretrained(folder)
+    prompts = tmp_path / "q.jsonl"
+    write_prompts(prompts)
+    presets = tmp_path / "presets"
+    presets.mkdir()
+    shutil.copy(PRESET_DIR / "paper-80.json", presets / "paper-80.json")
+    assert calibrate(["--prompts", str(prompts), "--offset", "1", "--limit", "2", "--max-new-tokens", "12",
+                      "--model", str(folder), "--write", "--presets", str(presets)]) == 0
+    data = json.loads((presets / "paper-80.json").read_text())
+    assert data["calibration"]["offset"] == 1 and data["calibration"]["prompt_count"] == 3  # ids 2, 4, 5
+    assert len(data["acceptance"]) == 80 and set(data["lookup_acceptance"]) == {"1", "2", "3"}
+    tr8 = json.loads((presets / "tr-8.json").read_text())
+    assert len(tr8["nodes"]) == 8 and "--offset 1" in tr8["calibration"]["command"]
+    TreeShape.from_paths(tr8["nodes"])  # a valid tree: every parent is in
+    shipped = json.loads((PRESET_DIR / "paper-80.json").read_text())
+    assert shipped["calibration"]["offset"] >= 10  # the shipped priors never saw the evaluation split
+    assert lookup_prior("paper-80")

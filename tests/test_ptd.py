@@ -126,3 +126,38 @@ def test_ptd_state_starts_afresh_for_every_prompt(tiny_lm):
     dec.start([7])  # a one-token prompt has no prefill, but still a fresh state
     assert len(dec.tries) == 0 and {b.token for b in dec.forest.branches} == {7}
     assert dec.generate([7]) == reference_greedy(tiny_lm, [7], 20)
+
+
+def test_cost_aware_ptd_verifies_only_candidates_that_pay_and_caps_the_draft_tree():
+    from tr_core.planner import CostCurve
+    from tr_core.ptd import PTDPlanner, candidate_keys, keep_candidates
+
+    parents, depths = [0, 0, 1, 1, 3], [1, 1, 2, 2, 3]  # two first-level candidates, two under the first, ...
+    assert candidate_keys(parents, depths) == [(1, 0), (1, 1), (2, 0), (2, 1), (3, 0)]
+    free = PTDPlanner(CostCurve([1, 200], [1.0, 1.0]), max_nodes=48)
+    assert free.cut(parents, depths, riding=10) == [0, 1, 2, 3, 4] and free.draft_budget() == 48
+    dear = PTDPlanner(CostCurve([1, 200], [1.0, 200.0]), max_nodes=48)  # each token costs a forward
+    assert dear.cut(parents, depths, riding=0) == [] and dear.draft_budget() == 0
+    mid = PTDPlanner(CostCurve([1, 101], [1.0, 2.0]), max_nodes=48)  # each token costs 1% of a forward
+    assert mid.draft_budget() == 10
+    kept = mid.cut(parents, depths, riding=10)
+    assert kept and 0 in kept and all(parents[i] == 0 or parents[i] - 1 in kept for i in kept)
+    assert keep_candidates([7, 8, 9, 10, 11], parents, depths, [0, 2, 4]) == ([7, 9, 11], [0, 1, 2], [1, 2, 3])
+    five = PTDPlanner(CostCurve([1, 101], [1.0, 6.0]), max_nodes=48)  # each token costs 5% of a forward
+    assert len(five.cut(parents, depths, riding=0)) > 1  # by the prior
+    for _ in range(100):  # only the first candidate is ever accepted: the rest stop being verified
+        five.record(candidate_keys(parents, depths), [0], 6, five.cost(6), 128)
+    assert five.cut(parents, depths, riding=0) == [0]
+
+
+def test_cost_aware_ptd_is_lossless_and_paper_settings_stay_available(tiny_lm):
+    from tr_core.planner import CostCurve
+    from tr_core.ptd import PTDPlanner
+
+    assert PTDConfig.for_device(torch.device("cpu")).cost_aware and not PTDConfig.paper().cost_aware
+    planner = PTDPlanner(CostCurve([1, 101], [1.0, 1.3]), max_nodes=48)
+    assert planner.draft_budget() == 33  # 0.3% of a forward per token, 10% at most
+    decoders = decode_losslessly(tiny_lm, lambda: ProgressiveTreeDecoder(
+        tiny_lm, 40, PTDConfig(cost_aware=True), planner=planner), PROMPTS, 40)
+    assert all(len(d.forest.flatten().nodes) <= d.config.max_nodes + 1 for d in decoders)
+    assert sum(s.accepted_drafts for d in decoders for s in d.steps) > 0

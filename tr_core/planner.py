@@ -3,8 +3,8 @@
     throughput(tree) = (1 + sum of p(node) over the tree's nodes) / cost(1 + |tree|)
 
 where ``p(node)`` is how often that node was accepted (online statistics by rank path, starting
-from a prior) and ``cost(q)`` the measured time of one forward with ``q`` query tokens on this
-model and device.  A node counts once when accepted, so the expected tokens of a step are exactly
+from a prior) and ``cost(q)`` the time of one forward with ``q`` query tokens on this model and
+device at the current cache length, as the machine runs it now (``tr_core.cost``).  A node counts once when accepted, so the expected tokens of a step are exactly
 1 + the sum of its nodes' acceptance probabilities.  When no tree pays, the plan is empty and a
 step is a plain one-token forward: never worse than greedy by more than noise.
 
@@ -14,94 +14,13 @@ acceptance rate (``ChainStats``, by matched n-gram size) and costs one more quer
 from __future__ import annotations
 
 import heapq
-import time
+import json
 from dataclasses import dataclass, field
 
-import torch
+from .cost import COST_LENGTHS, CostCurve, cost_curve_for  # noqa: F401  (re-exported)
+from .trees import PRESET_DIR, TreeShape, load_tree, tree_prior
 
-from .models import synchronize
-from .trees import TreeShape, TreeTensors, load_tree, tree_prior
-
-COST_LENGTHS = tuple(range(1, 17)) + (20, 24, 32, 48, 64, 81, 96)
-
-
-@dataclass
-class CostCurve:
-    """Seconds of one forward by query length, over a cache of ``prefix`` tokens.
-
-    ``seconds`` is the measured shape, ``scale`` follows the machine's load and the context's growth
-    (``observe``): ``cost(q) = scale * interpolated seconds``.  The shape is kept as measured, not
-    smoothed: on a CPU it is not monotone (measured on the embedded model, 2 query tokens cost 15% more
-    than 4 to 6, which cost no more than 1, and 7 cost 15% more than 6: kernel choices by size), and
-    the planner should see exactly where those steps lie."""
-
-    lengths: list[int]
-    seconds: list[float]
-    scale: float = 1.0
-
-    def __post_init__(self) -> None:
-        self._table = [self._interpolate(q) for q in range(self.lengths[-1] + 1)]  # O(1) lookups
-
-    def _interpolate(self, q: int) -> float:
-        xs, ys = self.lengths, self.seconds
-        if q <= xs[0]:
-            return ys[0]
-        for (x0, y0), (x1, y1) in zip(zip(xs, ys), zip(xs[1:], ys[1:])):
-            if q <= x1:
-                return y0 + (y1 - y0) * (q - x0) / (x1 - x0)
-        slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])
-        return ys[-1] + slope * (q - xs[-1])
-
-    def shape(self, q: int) -> float:
-        """The measured seconds at ``q`` query tokens (interpolated between grid points)."""
-        return self._table[q] if 0 <= q < len(self._table) else self._interpolate(q)
-
-    def __call__(self, q: int) -> float:
-        return self.scale * self.shape(q)
-
-    def observe(self, q: int, seconds: float, rate: float = 0.05) -> None:
-        """Blend a forward time seen while decoding into ``scale`` (the ratio of seen to measured
-        time), so the curve follows the machine's real load and the cache's growth."""
-        self.scale += rate * (seconds / max(self.shape(q), 1e-12) - self.scale)
-
-    @classmethod
-    @torch.inference_mode()
-    def measure(cls, lm, lengths=COST_LENGTHS, prefix: int = 128, repeats: int = 3) -> "CostCurve":
-        """Time ``model(q tokens)`` over a ``prefix``-token cache with an explicit attention mask, as
-        tree steps run it: lengths interleaved round by round (so passing load hits all alike),
-        median of ``repeats`` after a warm-up round."""
-        gen = torch.Generator().manual_seed(0)
-        dev = lm.device
-        low = min(100, lm.vocab_size - 1)  # skip the special tokens at the start of most vocabularies
-        ids = torch.randint(low, lm.vocab_size, (1, prefix + max(lengths)), generator=gen).to(dev)
-        sync = lambda: synchronize(dev)  # noqa: E731
-        cache = lm.new_cache()
-        lm.model(input_ids=ids[:, :prefix], use_cache=True, logits_to_keep=1, **{lm.cache_arg: cache})
-        n = max(lengths)  # a chain: every query token sees the cache and the ones before it
-        chain = TreeTensors.from_parents(list(range(-1, n - 1)), list(range(n)), dev, lm.dtype)
-        times: dict[int, list[float]] = {q: [] for q in lengths}
-        for r in range(repeats + 1):
-            for q in lengths:
-                x = ids[:, prefix:prefix + q]
-                tree = chain.head(q)
-                pos, mask = tree.position_ids(prefix), lm.tree_masks(tree, prefix)
-                sync()
-                t0 = time.perf_counter()
-                lm.model(input_ids=x, position_ids=pos, attention_mask=mask, use_cache=True,
-                         **{lm.cache_arg: cache})
-                sync()
-                if r:
-                    times[q].append(time.perf_counter() - t0)
-                cache.crop(-q)
-        return cls(list(lengths), [sorted(times[q])[len(times[q]) // 2] for q in lengths])
-
-
-def cost_curve_for(lm) -> CostCurve:
-    """The model's cost curve, measured once and kept on the shared ``LoadedModel``."""
-    if lm.cost_curve is None:
-        lm.cost_curve = CostCurve.measure(lm)
-    return lm.cost_curve
-
+UNIFORM_RATE = 0.1  # the "no priors" ablation: every node of the universe starts at this rate
 
 class DecayedRates:
     """Trials and hits per key, faded by ``decay`` at every count and shrunk towards a prior that
@@ -147,28 +66,50 @@ class AcceptanceStats(DecayedRates):
         return self.rate(p, self.prior.get(p, 0.0))
 
 
+LOOKUP_STATES = ("cold", "hot")  # the previous lookup continuation: short-lived, or accepted at length
+HOT_RUN = 4  # accepted continuation tokens that make the next lookup "hot" (the text is being copied)
+
+
+def lookup_prior(universe: str) -> dict:
+    """``{(ngram, hot, i): rate}`` stored beside ``universe`` by ``python -m tr_core.bench.calibrate``
+    (``"lookup_acceptance"``); empty where there is none."""
+    path = PRESET_DIR / f"{universe}.json"
+    table = json.loads(path.read_text()).get("lookup_acceptance", {}) if path.is_file() else {}
+    return {(int(n), state == "hot", i): r for n, by_state in table.items() for state, rates in by_state.items()
+            for i, r in enumerate(rates) if r is not None}
+
+
 @dataclass
 class ChainStats(DecayedRates):
-    """P(the i-th token of a prompt-lookup continuation is accepted), by matched n-gram size.
+    """P(the i-th token of a prompt-lookup continuation is accepted), by matched n-gram size and by
+    whether the previous continuation had at least ``HOT_RUN`` tokens accepted (``hot``: the output
+    is copying the context, and the next continuation is likely to run long too) or not.
 
-    Online counts per position, faded by ``decay`` and shrunk towards a geometric prior
-    ``PRIOR_RATE[n] ** (i + 1)`` (longer matches continue further)."""
+    Online counts per key, faded by ``decay`` and shrunk towards the calibrated prior (``prior``,
+    from :func:`lookup_prior`), else a geometric ``PRIOR_RATE[n] ** (i + 1)``."""
 
     PRIOR_RATE = {1: 0.35, 2: 0.5, 3: 0.67}
+    prior: dict = field(default_factory=dict)
     weight: float = 8.0
     decay: float = 0.97
-    trials: dict[tuple[int, int], float] = field(default_factory=dict)
-    hits: dict[tuple[int, int], float] = field(default_factory=dict)
+    trials: dict[tuple[int, bool, int], float] = field(default_factory=dict)
+    hits: dict[tuple[int, bool, int], float] = field(default_factory=dict)
 
-    def record(self, ngram: int, offered: int, accepted: int) -> None:
-        self.count([(ngram, i) for i in range(offered)], [(ngram, i) for i in range(min(accepted, offered))])
+    def record(self, ngram: int, offered: int, accepted: int, hot: bool = False) -> None:
+        self.count([(ngram, hot, i) for i in range(offered)],
+                   [(ngram, hot, i) for i in range(min(accepted, offered))])
 
-    def estimate(self, ngram: int, i: int) -> float:
-        return self.rate((ngram, i), self.PRIOR_RATE.get(ngram, 0.35) ** (i + 1))
+    def estimate(self, ngram: int, i: int, hot: bool = False) -> float:
+        key = (ngram, hot, i)
+        prior = self.prior.get(key)
+        if prior is None:
+            prior = self.PRIOR_RATE.get(ngram, 0.35) ** (i + 1)
+        return self.rate(key, prior)
 
 
-def plan_tree(universe: TreeShape, estimate, cost: CostCurve, extra: int = 0) -> tuple[TreeShape, float]:
-    """Best-first growth from the root by estimated acceptance; keep the size with the best throughput.
+def plan_tree(universe: TreeShape, estimate, cost, extra: int = 0, min_nodes: int = 0) -> tuple[TreeShape, float]:
+    """Best-first growth from the root by estimated acceptance; keep the size with the best throughput
+    (``cost(q)``: seconds of a forward of ``q`` tokens), at least ``min_nodes`` nodes.
 
     Returns the tree and its expected committed tokens per step (1 + sum of the nodes' estimates).
     """
@@ -178,13 +119,13 @@ def plan_tree(universe: TreeShape, estimate, cost: CostCurve, extra: int = 0) ->
     frontier = [(-estimate(p), p) for p in children.get((), [])]
     heapq.heapify(frontier)
     chosen, gain = [], 0.0
-    best_n, best_gain, best_rate = 0, 0.0, 1.0 / cost(1 + extra)
+    best_n, best_gain, best_rate = 0, 0.0, (1.0 / cost(1 + extra) if min_nodes == 0 else 0.0)
     while frontier:
         neg, p = heapq.heappop(frontier)
         chosen.append(p)
         gain += -neg
         rate = (1.0 + gain) / cost(1 + len(chosen) + extra)
-        if rate > best_rate:
+        if rate > best_rate and len(chosen) >= min_nodes:
             best_n, best_gain, best_rate = len(chosen), gain, rate
         for c in children.get(p, []):
             heapq.heappush(frontier, (-estimate(c), c))
@@ -193,51 +134,92 @@ def plan_tree(universe: TreeShape, estimate, cost: CostCurve, extra: int = 0) ->
 
 
 class TreePlanner:
-    """Re-plans the tree every ``every`` steps from the acceptance seen lately."""
+    """Re-plans the tree every ``every`` steps from the acceptance seen lately and the forward costs
+    seen lately, at the current cache length.
 
-    def __init__(self, lm, universe: str = "paper-80", every: int = 4, k: int = 8):
-        """Plans sub-trees of ``universe`` that use only ranks below ``k``."""
+    When the plan has been no tree at all for ``explore`` re-plans in a row, one plan of at least
+    ``EXPLORE_NODES`` nodes is tried: its forwards are what tells the cost model whether extra
+    tokens still cost what they did (a curve measured while the machine was busy must not shut
+    the tree for good)."""
+
+    EXPLORE_NODES = 4
+
+    def __init__(self, lm, universe: str = "paper-80", every: int = 4, k: int = 8, explore: int = 8,
+                 uniform_prior: bool = False):
+        """Plans sub-trees of ``universe`` that use only ranks below ``k``; ``uniform_prior``: start from
+        the same acceptance for every node and the geometric lookup prior (the "no priors" ablation)."""
         self.universe_name = universe
         full = load_tree(universe)
         self.universe = full.subtree([p for p in full.paths if max(p) < k], name=universe)
         self.cost = cost_curve_for(lm)
-        self.every, self.k = every, k
+        self.every, self.k, self.explore, self.uniform_prior = every, k, explore, uniform_prior
         self.reset()
 
     def reset(self) -> None:
         """Back to the prior: no statistics, the initial plan."""
-        self.stats = AcceptanceStats(self.universe, tree_prior(self.universe_name) or {})
-        self.steps = 0
-        self.tree, self.expected = plan_tree(self.universe, self.stats.estimate, self.cost)
-        self.chain = ChainStats()  # how far prompt-lookup continuations get accepted
+        self.by_temperature: dict[float, tuple[AcceptanceStats, ChainStats]] = {}
+        self.temperature = None
+        self.steps, self.idle, self.cache, self.hot = 0, 0, None, False
+        self.use_temperature(0.0)
+
+    def use_temperature(self, temperature: float) -> None:
+        """Plan for decoding at ``temperature`` (0: greedy) from here on.  Acceptance is kept per
+        temperature: drafts match random draws less often than the argmax, so sampled acceptance
+        starts from the greedy prior at a quarter of its weight and follows what is seen."""
+        key = round(float(temperature), 2)
+        if key == self.temperature:
+            return
+        if key not in self.by_temperature:
+            prior = tree_prior(self.universe_name) or {}
+            if self.uniform_prior:
+                prior = {p: UNIFORM_RATE for p in self.universe.paths}
+            stats = AcceptanceStats(self.universe, prior)
+            chain = ChainStats(prior={} if self.uniform_prior else lookup_prior(self.universe_name))
+            if key > 0:
+                stats.weight, chain.weight = stats.weight / 4, chain.weight / 4
+            self.by_temperature[key] = (stats, chain)
+        self.temperature = key
+        self.stats, self.chain = self.by_temperature[key]
+        self.tree, self.expected = plan_tree(self.universe, self.stats.estimate, self.step_cost)
+
+    def step_cost(self, q: int) -> float:
+        """Seconds of a forward of ``q`` tokens at the cache length last seen."""
+        return self.cost(q, self.cache)
 
     def record_lookup(self, ngram: int, offered: int, accepted: int) -> None:
         """A lookup continuation of ``offered`` tokens had its first ``accepted`` accepted."""
-        self.chain.record(ngram, offered, accepted)
+        self.chain.record(ngram, offered, accepted, self.hot)
+        self.hot = accepted >= HOT_RUN
 
     def lookup_length(self, q: int, ngram: int, offset: int, available: int) -> int:
         """How many of the ``available`` lookup tokens to add to a forward of ``q`` tokens: the prefix
         that maximises expected tokens per second (0 when none pays).  The first ``offset`` tokens
         of the continuation are already in the drafted tree."""
-        best_n, best_rate, gain = 0, self.expected / self.cost(q), 0.0
+        best_n, best_rate, gain = 0, self.expected / self.step_cost(q), 0.0
         for n in range(1, available + 1):
-            gain += self.chain.estimate(ngram, offset + n - 1)
-            rate = (self.expected + gain) / self.cost(q + n)
+            gain += self.chain.estimate(ngram, offset + n - 1, self.hot)
+            rate = (self.expected + gain) / self.step_cost(q + n)
             if rate > best_rate:
                 best_n, best_rate = n, rate
         return best_n
 
     def record(self, used: TreeShape, accepted: list[tuple[int, ...]], forward_tokens: int = 0,
-               forward_seconds: float = 0.0) -> TreeShape | None:
-        """Count one step (and its forward's time); returns a new tree when it is time to re-plan
-        and the plan changed."""
+               forward_seconds: float = 0.0, cache_length: int | None = None) -> TreeShape | None:
+        """Count one step (its forward's size, time and cache length too); returns a new tree when it is
+        time to re-plan and the plan changed."""
         self.stats.record(used, accepted)
+        if cache_length is not None:
+            self.cache = cache_length
         if forward_tokens:
-            self.cost.observe(forward_tokens, forward_seconds)
+            self.cost.observe(forward_tokens, forward_seconds, self.cache)
         self.steps += 1
         if self.steps % self.every:
             return None
-        tree, self.expected = plan_tree(self.universe, self.stats.estimate, self.cost)
+        self.idle = self.idle + 1 if self.tree.size == 0 else 0
+        floor = self.EXPLORE_NODES if self.explore and self.idle >= self.explore else 0
+        tree, self.expected = plan_tree(self.universe, self.stats.estimate, self.step_cost, min_nodes=floor)
+        if floor:
+            self.idle = 0
         if tree.paths == self.tree.paths:
             return None
         self.tree = tree

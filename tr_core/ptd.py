@@ -24,8 +24,11 @@ Where the paper leaves a detail open, the choices above are ours and are documen
 """
 from __future__ import annotations
 
+import heapq
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from .planner import DecayedRates
 
 
 @dataclass
@@ -38,6 +41,17 @@ class PTDConfig:
     max_nodes: int = 48  # draft tree nodes per forward
     seed_chain: int = 2  # prompt tokens per seed branch
     seed: int = 0  # random seed for the seed branches
+    cost_aware: bool = False  # cut candidates and draft nodes to what pays on this device (PTDPlanner)
+
+    @classmethod
+    def paper(cls) -> "PTDConfig":
+        """The paper's settings (plus our 48-node draft cap), for GPUs and for the table."""
+        return cls()
+
+    @classmethod
+    def for_device(cls, device) -> "PTDConfig":
+        """The device default: the paper's settings on a GPU, cost-aware where extra tokens cost."""
+        return cls(cost_aware=getattr(device, "type", str(device)) != "cuda")
 
 
 class _Node:
@@ -66,14 +80,19 @@ class DraftForest:
         self.branches: list[_Node] = []  # oldest first
 
     def seed(self, prompt: list[int]) -> None:
-        """Start from ``root_window`` random stretches of the prompt (``seed_chain`` tokens each)."""
+        """Start from ``root_window`` random stretches of the prompt (``seed_chain`` tokens each), as
+        far as ``max_nodes`` allows."""
         cfg, rng = self.config, random.Random(self.config.seed)
         self.branches = []
         if not prompt:
             return
+        room = cfg.max_nodes
         for _ in range(cfg.root_window):
             start = rng.randrange(len(prompt))
-            chain = prompt[start:start + cfg.seed_chain]
+            chain = prompt[start:start + min(cfg.seed_chain, room)]
+            room -= len(chain)
+            if not chain:
+                break
             head = node = _Node(chain[0])
             for t in chain[1:]:
                 child = _Node(t)
@@ -179,3 +198,93 @@ class CandidateTries:
 
     def __len__(self) -> int:
         return sum(len(t) for t in self.tries.values())
+
+
+# ---- cost awareness (our addition: on a CPU every verified or riding token costs forward time) ----
+PRIOR_ACCEPT = 0.3  # prior P(a depth-1 candidate is accepted); each level deeper multiplies by PRIOR_DECAY
+PRIOR_DECAY = 0.6
+DRAFT_SHARE = 0.10  # draft nodes ride along as long as they add at most this share to a one-token forward
+
+
+@dataclass
+class CandidateRates(DecayedRates):
+    """Online acceptance of verified candidates by ``(depth, sibling rank)``."""
+
+    weight: float = 8.0
+    decay: float = 0.97
+    trials: dict = field(default_factory=dict)
+    hits: dict = field(default_factory=dict)
+
+
+def candidate_keys(parents: list[int], depths: list[int]) -> list[tuple[int, int]]:
+    """``(depth, rank among its siblings)`` of every candidate (parents index the root as 0): what
+    its acceptance is estimated by."""
+    seen: dict[int, int] = {}
+    keys = []
+    for parent, depth in zip(parents, depths):
+        rank = seen.get(parent, 0)
+        seen[parent] = rank + 1
+        keys.append((depth, min(rank, 3)))
+    return keys
+
+
+class PTDPlanner:
+    """How many candidates to verify and draft nodes to carry, from what a forward costs now.
+
+    Candidates are taken best-first by their estimated acceptance (online by depth and sibling
+    rank, faded, shrunk towards a geometric prior; a parent before its children) while they raise
+    expected tokens per second, ``(1 + sum of p) / cost(1 + candidates + draft nodes)``, as TR's
+    planner grows its tree.  The draft tree is capped at the most nodes whose extra cost stays
+    within ``DRAFT_SHARE`` of a one-token forward."""
+
+    def __init__(self, cost, max_nodes: int):
+        self.cost = cost
+        self.rates = CandidateRates()
+        self.max_nodes = max_nodes
+        self.cache: int | None = None
+
+    def draft_budget(self) -> int:
+        """The most draft nodes (up to ``max_nodes``) costing at most ``DRAFT_SHARE`` of a forward."""
+        one = self.cost(1, self.cache)
+        fits = [d for d in range(self.max_nodes + 1) if self.cost(1 + d, self.cache) <= (1 + DRAFT_SHARE) * one]
+        return max(fits, default=0)
+
+    def estimate(self, key: tuple[int, int]) -> float:
+        depth, rank = key
+        return self.rates.rate(key, PRIOR_ACCEPT * PRIOR_DECAY ** (depth - 1 + rank))
+
+    def cut(self, parents: list[int], depths: list[int], riding: int) -> list[int]:
+        """Indices of the candidates to verify, in their original (BFS) order."""
+        keys = candidate_keys(parents, depths)
+        children: dict[int, list[int]] = {}
+        for i, p in enumerate(parents):
+            children.setdefault(p, []).append(i)
+        frontier = [(-self.estimate(keys[i]), i) for i in children.get(0, [])]
+        heapq.heapify(frontier)
+        chosen, gain, best_n = [], 0.0, 0
+        best = 1.0 / self.cost(1 + riding, self.cache)
+        while frontier:
+            neg, i = heapq.heappop(frontier)
+            chosen.append(i)
+            gain -= neg
+            rate = (1.0 + gain) / self.cost(1 + len(chosen) + riding, self.cache)
+            if rate > best:
+                best, best_n = rate, len(chosen)
+            for c in children.get(i + 1, []):
+                heapq.heappush(frontier, (-self.estimate(keys[c]), c))
+        return sorted(chosen[:best_n])
+
+    def record(self, keys: list[tuple[int, int]], accepted: list[int], forward_tokens: int, seconds: float,
+               cache: int) -> None:
+        """One step: every verified candidate's key a trial, the accepted ones' (indices) hits."""
+        self.rates.count(keys, [keys[i] for i in accepted])
+        self.cache = cache
+        self.cost.observe(forward_tokens, seconds, cache)
+
+
+def keep_candidates(cand: list[int], parents: list[int], depths: list[int], keep: list[int]):
+    """The candidate tree restricted to ``keep`` (indices, a parent before its children): tokens,
+    parents re-indexed (the root stays 0), depths."""
+    index = {i + 1: n + 1 for n, i in enumerate(keep)}
+    index[0] = 0
+    return [cand[i] for i in keep], [index[parents[i]] for i in keep], [depths[i] for i in keep]

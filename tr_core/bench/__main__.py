@@ -13,24 +13,47 @@ from ..decoders.recycling import default_tree_name
 from ..models import ModelLoadError, load_model
 from ..sampling import SamplingConfig
 from ..trees import TreeError
-from .data import load_prompts
+from ..prepack import kernel_choice
+from .data import SPLITS, load_prompts
 from .harness import parse_methods, run_benchmark
+from .peers import load_untouched
 from .report import format_table, summarize, write_chart, write_csv
 
 DEFAULT_PROMPTS = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "spec_bench" / "question.jsonl"
+
+
+def run_meta(args, lm, specs, sampling, offset: int) -> dict:
+    """What a report needs to be read and repeated: model, machine, versions, settings, kernels, trees."""
+    import transformers
+
+    return {"model": lm.name, "device": str(lm.device), "dtype": str(lm.dtype).replace("torch.", ""),
+            "prepacked_linears": lm.prepacked,
+            "kernels_by_rows": (kernel_choice(lm.model).as_dict() if lm.prepacked else None),
+            "torch": torch.__version__, "transformers": transformers.__version__,
+            "machine": f"{platform.machine()} {platform.processor() or ''} threads={torch.get_num_threads()}".strip(),
+            "gpu": torch.cuda.get_device_name(lm.device) if lm.device.type == "cuda" else None,
+            "prompts_file": str(args.prompts), "offset": offset, "limit": args.limit, "max_new_tokens": args.max_new_tokens,
+            "turns": args.turns, "template": lm.template, "attention": lm.layout.describe(), "sampling": None if sampling is None else vars(sampling), "matrix_shape": [lm.vocab_size, args.k],
+            "matrix_bytes": lm.vocab_size * args.k * 4,
+            "trees": {s.name: s.tree for s in specs if s.tree}, "default_tree": default_tree_name(lm.device)}
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m tr_core.bench", description=__doc__)
     ap.add_argument("--prompts", default=str(DEFAULT_PROMPTS), help="Spec-Bench-format JSONL (first turn used)")
     ap.add_argument("--limit", type=int, default=2, help="at most N prompts per category")
+    ap.add_argument("--offset", type=int, default=None,
+                    help="skip the first N prompts of each category (default 0: the evaluation split)")
+    ap.add_argument("--split", choices=sorted(SPLITS), default="eval",
+                    help="eval: the first 10 per category (what the README reports); calib: the rest "
+                         "(what python -m tr_core.bench.calibrate learns from); --offset overrides")
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--methods", default="greedy,tr",
-                    help="comma list: greedy, tr (device default), tr:TREE (the paper's method on TREE), "
+                    help="comma list (greedy, its A/A copy and hf-greedy always run): tr (device default), tr:TREE (the paper's method on TREE), "
                          "tr:TREE+pldN, pld, hf-pld")
     ap.add_argument("--tree", default=None, help="tree for plain 'tr' (preset, chain-N or JSON file)")
     ap.add_argument("--lookup", type=int, default=None,
-                    help="prompt-lookup tokens merged into plain 'tr' trees (0 = off; default: CPU 10, GPU 0)")
+                    help="prompt-lookup tokens merged into plain 'tr' trees (0 = off; default: CPU 24, cut by the planner to what pays; GPU 0)")
     ap.add_argument("--k", type=int, default=8, help="candidates per matrix row")
     ap.add_argument("--model", default=None, help="'embedded' (default), a HF id, a folder or a .gguf file")
     ap.add_argument("--device", default=None)
@@ -55,32 +78,26 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.max_new_tokens < 1 or args.limit < 1:
         ap.error("--max-new-tokens and --limit must be at least 1")
+    offset = SPLITS[args.split] if args.offset is None else args.offset
     try:
-        prompts = load_prompts(args.prompts, args.limit, group=not args.no_group)
+        prompts = load_prompts(args.prompts, args.limit, group=not args.no_group, offset=offset)
         if not prompts:
             ap.error(f"no prompts in {args.prompts}")
         sampling = (SamplingConfig(args.temperature, args.top_p, args.top_k, args.seed)
                     if args.temperature > 0 else None)
         lm = load_model(args.model, args.device, args.dtype, prepack=not args.no_prepack)
-        specs = parse_methods(args.methods, lm, args.tree, args.k, args.lookup, sampling)
+        plain = load_untouched(args.model, lm.device, lm.dtype)  # for hf-greedy and hf-pld
+        specs = parse_methods(args.methods, lm, args.tree, args.k, args.lookup, sampling, plain)
     except (OSError, ValueError, ModelLoadError, TreeError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     runs = run_benchmark(lm, prompts, specs, args.max_new_tokens, args.warmup, progress=not args.quiet,
                          turns=args.turns, compare=sampling is None)
-    import transformers
-
-    meta = {"model": lm.name, "device": str(lm.device), "dtype": str(lm.dtype).replace("torch.", ""),
-            "prepacked_linears": lm.prepacked,
-            "torch": torch.__version__, "transformers": transformers.__version__,
-            "machine": f"{platform.machine()} {platform.processor() or ''} threads={torch.get_num_threads()}".strip(),
-            "gpu": torch.cuda.get_device_name(lm.device) if lm.device.type == "cuda" else None,
-            "prompts_file": str(args.prompts), "limit": args.limit, "max_new_tokens": args.max_new_tokens,
-            "turns": args.turns, "template": lm.template, "attention": lm.layout.describe(), "sampling": None if sampling is None else vars(sampling), "matrix_shape": [lm.vocab_size, args.k],
-            "matrix_bytes": lm.vocab_size * args.k * 4,
-            "trees": {s.name: s.tree for s in specs if s.tree}, "default_tree": default_tree_name(lm.device)}
+    meta = run_meta(args, lm, specs, sampling, offset)
     summary = summarize(runs, meta)
     print(format_table(summary))
+    for warning in summary["warnings"]:
+        print(f"WARNING: {warning}", file=sys.stderr)
     for name, m in summary["methods"].items():
         if m["mismatches"]:
             bugs = [x for x in m["mismatches"] if x.get("cause") != "near-tie"]

@@ -24,8 +24,16 @@ class BenchPrompt:
     turns: tuple[str, ...] = ()  # all user turns (MT-bench has two)
 
 
-def load_prompts(path: str | Path, limit: int | None = None, group: bool = True) -> list[BenchPrompt]:
-    """Questions with all their turns, at most ``limit`` per category, in file order.
+EVAL_PER_CATEGORY = 10  # the evaluation split: the first 10 questions of each category
+SPLITS = {"eval": 0, "calib": EVAL_PER_CATEGORY}  # split name -> questions skipped per category
+
+
+def load_prompts(path: str | Path, limit: int | None = None, group: bool = True,
+                 offset: int = 0) -> list[BenchPrompt]:
+    """Questions with all their turns, at most ``limit`` per category after skipping the first
+    ``offset`` of each, in file order.  The reported figures use ``offset`` 0 and at most
+    ``EVAL_PER_CATEGORY`` a category (the evaluation split); whatever is learnt from data comes
+    from ``offset`` ``EVAL_PER_CATEGORY`` on (the calibration split), so the two never overlap.
 
     ``group``: MT-bench's eight subcategories count as one category, ``mt_bench``, as in the paper.
     """
@@ -42,8 +50,8 @@ def load_prompts(path: str | Path, limit: int | None = None, group: bool = True)
                 cat = paper_category(cat) if group else cat
             except (json.JSONDecodeError, KeyError, IndexError, TypeError) as err:
                 raise ValueError(f"{path}:{n}: not a Spec-Bench question ({err})") from None
-            if limit is not None and per_cat.get(cat, 0) >= limit:
+            seen = per_cat[cat] = per_cat.get(cat, 0) + 1
+            if seen <= offset or (limit is not None and seen > offset + limit):
                 continue
-            per_cat[cat] = per_cat.get(cat, 0) + 1
             out.append(BenchPrompt(str(row.get("question_id", n)), cat, text, turns))
     return out

@@ -11,12 +11,14 @@ import torch
 from ..decoders import GreedyDecoder, ProgressiveTreeDecoder, PromptLookupDecoder, TokenRecyclingDecoder
 from ..decoders.base import Decoder
 from ..matrix import AdjacencyMatrix
+from ..cost import cost_curve_for
 from ..models import LoadedModel, synchronize
+from ..planner import TreePlanner
 from ..precision import explain_divergence, first_difference
-from ..ptd import PTDConfig
+from ..ptd import PTDConfig, PTDPlanner
 from ..sampling import SamplingConfig
 from .data import BenchPrompt
-from .peers import HFPromptLookup
+from .peers import HFGenerate, HFPromptLookup
 
 
 @dataclass
@@ -46,10 +48,12 @@ class Run:
 
 
 def _tr_spec(name: str, lm: LoadedModel, tree: str | None, k: int, lookup: int | None,
-             sampling: SamplingConfig | None = None) -> MethodSpec:
-    """``tr`` (the device default), ``tr:TREE`` (the paper's method on TREE) or ``tr:TREE+pldN``."""
+             sampling: SamplingConfig | None = None, uniform: bool = False) -> MethodSpec:
+    """``tr`` (the device default), ``tr:TREE`` (the paper's method on TREE) or ``tr:TREE+pldN``;
+    ``uniform``: the auto tree's planner starts from no learnt priors (``tr:uniform``, the ablation)."""
     matrix = AdjacencyMatrix(lm.vocab_size, k, lm.device, lm.fingerprint)  # hot start across prompts
-    probe = TokenRecyclingDecoder(lm, tree=tree, matrix=matrix, lookup=lookup)
+    planner = TreePlanner(lm, k=k, uniform_prior=True) if uniform else None
+    probe = TokenRecyclingDecoder(lm, tree="auto" if uniform else tree, matrix=matrix, lookup=lookup, planner=planner)
     lookup, planner = probe.lookup, probe.planner
     extra = f" + lookup {lookup}" if lookup else ""
     shape = "auto" if planner is not None else probe.tree
@@ -61,46 +65,66 @@ def _tr_spec(name: str, lm: LoadedModel, tree: str | None, k: int, lookup: int |
     return MethodSpec(name, lambda lm_, n: TokenRecyclingDecoder(lm_, tree=shape, matrix=matrix, lookup=lookup,
                                                                  planner=planner, max_new_tokens=n,
                                                                  trace_rows=False, sampling=sampling),
-                      tree=("auto (cost-aware, from paper-80)" if planner else
+                      tree=(f"auto (cost-aware, from paper-80{', uniform priors' if uniform else ''})" if planner else
                             f"{probe.tree.name} ({probe.tree.size} nodes)") + extra, reset=reset)
 
 
-def _ptd_spec(name: str, arg: str, sampling: SamplingConfig | None = None) -> MethodSpec:
-    """``ptd`` (the paper's defaults) or ``ptd:TxD`` (at most T candidates and D draft nodes a step)."""
-    config = PTDConfig()
-    if arg:
+def _ptd_spec(name: str, arg: str, lm: LoadedModel, sampling: SamplingConfig | None = None) -> MethodSpec:
+    """``ptd`` (the device default: cost-aware where extra tokens cost), ``ptd:paper`` (the paper's
+    settings) or ``ptd:TxD`` (at most T candidates and D draft nodes a step, fixed)."""
+    config = PTDConfig.for_device(lm.device) if not arg else PTDConfig.paper()
+    if arg and arg != "paper":
         try:
             config.trie_nodes, config.max_nodes = (int(x) for x in arg.split("x"))
         except ValueError:
-            raise ValueError(f"Bad method {name!r}: use ptd:TxD with two numbers, e.g. ptd:16x16.") from None
-    label = f"trie<={config.trie_nodes}, draft<={config.max_nodes}, width {config.width}, depth {config.depth}"
-    return MethodSpec(name, lambda lm_, n: ProgressiveTreeDecoder(lm_, n, config, sampling), tree=label)
+            raise ValueError(f"Bad method {name!r}: use ptd, ptd:paper or ptd:TxD with two numbers, e.g. "
+                             "ptd:16x16.") from None
+    planner = PTDPlanner(cost_curve_for(lm), config.max_nodes) if config.cost_aware else None
+    label = (f"cost-aware, trie<={config.trie_nodes}, draft<={planner.draft_budget()}" if planner else
+             f"trie<={config.trie_nodes}, draft<={config.max_nodes}") + f", width {config.width}, depth {config.depth}"
+    return MethodSpec(name, lambda lm_, n: ProgressiveTreeDecoder(lm_, n, config, sampling, planner), tree=label)
+
+
+AA_SUFFIX = "-aa"  # the baseline's second copy: the A/A row
+
+
+def baseline_specs(lm: LoadedModel, plain: LoadedModel | None, sampling: SamplingConfig | None) -> list[MethodSpec]:
+    """The plain decoders every report carries: ours (greedy, or ``sample`` when sampling), its
+    second copy (the A/A row: any gap between the two is timing noise), and, for greedy, ``hf-greedy``
+    (``generate(do_sample=False)`` on ``plain``, the model as transformers loads it)."""
+    base = "greedy" if sampling is None else "sample"
+    specs = [MethodSpec(name, lambda lm_, n: GreedyDecoder(lm_, n, sampling)) for name in (base, base + AA_SUFFIX)]
+    if sampling is None:
+        specs.append(MethodSpec("hf-greedy", lambda lm_, n: HFGenerate(plain or lm_, n),
+                                tree="generate(do_sample=False), untouched model"))
+    return specs
 
 
 def parse_methods(text: str, lm: LoadedModel, tree: str | None = None, k: int = 8,
-                  lookup: int | None = None, sampling: SamplingConfig | None = None) -> list[MethodSpec]:
-    """``greedy,tr,tr:paper-80,tr:tr-16+pld10`` -> specs; the baseline is always included and first:
-    greedy, or plain sampling (``sample``) when ``sampling`` is given, with the same settings for all."""
+                  lookup: int | None = None, sampling: SamplingConfig | None = None,
+                  plain: LoadedModel | None = None) -> list[MethodSpec]:
+    """``greedy,tr,tr:paper-80,tr:tr-16+pld10`` -> specs, after the baselines (:func:`baseline_specs`),
+    with the same sampling settings for all.  ``plain``: the untouched copy of the model the ``hf-*``
+    peers run on (default: ``lm`` itself)."""
     names = [m.strip() for m in text.split(",") if m.strip()]
-    base_name = "greedy" if sampling is None else "sample"
-    specs = [MethodSpec(base_name, lambda lm_, n: GreedyDecoder(lm_, n, sampling))]
+    specs = baseline_specs(lm, plain, sampling)
     for name in names:
         base, _, arg = name.partition(":")
-        if base in ("greedy", "sample"):
+        if base in ("greedy", "sample", "hf-greedy", "greedy-aa", "sample-aa"):
             continue
         if base == "pld":
             specs.append(MethodSpec("pld", lambda lm_, n: PromptLookupDecoder(lm_, n, sampling=sampling),
                                     tree="3..1-gram, 10 drafts"))
             continue
         if base == "hf-pld":
-            specs.append(MethodSpec("hf-pld", lambda lm_, n: HFPromptLookup(lm_, n, sampling=sampling),
-                                    tree="generate(prompt_lookup=10)"))
+            specs.append(MethodSpec("hf-pld", lambda lm_, n: HFPromptLookup(plain or lm_, n, sampling=sampling),
+                                    tree="generate(prompt_lookup=10), untouched model"))
             continue
         if base == "ptd":
-            specs.append(_ptd_spec(name, arg, sampling))
+            specs.append(_ptd_spec(name, arg, lm, sampling))
             continue
-        if base == "tr" and not arg:
-            specs.append(_tr_spec(name, lm, tree, k, lookup, sampling))
+        if base == "tr" and arg in ("", "uniform"):
+            specs.append(_tr_spec(name, lm, tree, k, lookup, sampling, uniform=arg == "uniform"))
         elif base == "tr":
             shape, _, pld = arg.partition("+pld")
             try:
@@ -109,7 +133,7 @@ def parse_methods(text: str, lm: LoadedModel, tree: str | None = None, k: int = 
                 raise ValueError(f"Bad method {name!r}: use tr:TREE+pldN with N a number.") from None
             specs.append(_tr_spec(name, lm, shape, k, n, sampling))
         else:
-            raise ValueError(f"Unknown method {name!r}; known: greedy, tr, tr:TREE, tr:TREE+pldN, pld, hf-pld, ptd, ptd:TxD.")
+            raise ValueError(f"Unknown method {name!r}; known: greedy, hf-greedy, tr, tr:uniform, tr:TREE, tr:TREE+pldN, pld, hf-pld, ptd, ptd:paper, ptd:TxD.")
     return specs
 
 
@@ -134,22 +158,62 @@ def _timed_generate(dec, ids: list[int]) -> tuple[list[int], float]:
     return list(out), time.perf_counter() - t0
 
 
-def run_benchmark(lm: LoadedModel, prompts: list[BenchPrompt], specs: list[MethodSpec], max_new_tokens: int,
-                  warmup: int = 1, progress: bool = True, turns: int = 1, compare: bool = True) -> list[Run]:
-    """Methods run one after another on each prompt (greedy first), prompt by prompt.
+def rotated(specs: list[MethodSpec], n: int) -> list[MethodSpec]:
+    """The method order for the ``n``-th prompt: shifted by ``n``, so every method runs first, second,
+    ... equally often and no method always follows the same one (caches, clocks, turbo)."""
+    n %= max(1, len(specs))
+    return specs[n:] + specs[:n]
 
-    ``compare``: check every output against the first method's (greedy decoding is lossless);
-    off when sampling, where outputs differ by design and only their distribution is the same.
 
-    ``turns`` = 2 also runs a question's second turn (MT-bench), after its first turn and greedy's
-    answer to it, so every method sees the same conversation.
-    """
-    for p in prompts[:warmup]:  # warm-up: kernels, allocator, caches; not timed, matrices reset after
+def warm_up(lm: LoadedModel, prompts: list[BenchPrompt], specs: list[MethodSpec], max_new_tokens: int) -> None:
+    """Every method on the first prompts, untimed (kernels, allocator, caches); then forget what was learnt."""
+    for p in prompts:
         ids = lm.encode_prompt(p.text)
         for spec in specs:
             spec.make(lm, min(16, max_new_tokens)).generate(ids)
     for spec in specs:
         spec.reset()
+
+
+def run_turn(lm: LoadedModel, prompt: BenchPrompt, turn: int, ids: list[int], specs: list[MethodSpec],
+             max_new_tokens: int, compare: bool) -> tuple[list[Run], list[int]]:
+    """Every method of ``specs`` once on ``ids``, in that order; outputs compared with the baseline's
+    (``greedy``, else ``sample``, else the first spec's).  Returns the runs and the baseline's output."""
+    outputs, decoders, runs = {}, {}, []
+    for spec in specs:
+        dec = spec.make(lm, max_new_tokens)
+        out, secs = _timed_generate(dec, ids)
+        outputs[spec.name], decoders[spec.name] = out, dec
+        phases: dict[str, float] = {}
+        for s in dec.steps:
+            for k, v in s.timings.items():
+                phases[k] = phases.get(k, 0.0) + v
+        runs.append(Run(spec.name, prompt.question_id, prompt.category, len(out), secs, len(dec.steps), None,
+                        None, sum(s.forward_tokens for s in dec.steps), phases, turn))
+    reference = next((outputs[b] for b in BASELINES if b in outputs), outputs[specs[0].name])
+    for r in runs:
+        if compare:
+            r.first_mismatch = first_difference(reference, outputs[r.method])
+            r.identical = r.first_mismatch is None
+            if not r.identical:
+                r.divergence = _explain(lm, ids, reference, decoders[r.method], outputs[r.method])
+    return runs, reference
+
+
+BASELINES = ("greedy", "sample")
+
+
+def run_benchmark(lm: LoadedModel, prompts: list[BenchPrompt], specs: list[MethodSpec], max_new_tokens: int,
+                  warmup: int = 1, progress: bool = True, turns: int = 1, compare: bool = True) -> list[Run]:
+    """All methods on each prompt, prompt by prompt, the order rotating from prompt to prompt.
+
+    ``compare``: check every output against the baseline's (greedy decoding is lossless); off when
+    sampling, where outputs differ by design and only their distribution is the same.
+
+    ``turns`` = 2 also runs a question's second turn (MT-bench), after its first turn and the
+    baseline's answer to it, so every method sees the same conversation.
+    """
+    warm_up(lm, prompts[:warmup], specs, max_new_tokens)
     runs: list[Run] = []
     iterator = prompts
     try:
@@ -157,24 +221,12 @@ def run_benchmark(lm: LoadedModel, prompts: list[BenchPrompt], specs: list[Metho
         iterator = tqdm(prompts, desc="prompts", disable=not progress, file=sys.stderr)
     except ImportError:
         pass
-    for prompt in iterator:
+    for n, prompt in enumerate(iterator):
         questions = list(prompt.turns or (prompt.text,))[:max(1, turns)]
         answers: list[str] = []
         for turn in range(len(questions)):
             ids = lm.encode_conversation(questions[:turn + 1], answers)
-            reference = None
-            for spec in specs:
-                dec = spec.make(lm, max_new_tokens)
-                out, secs = _timed_generate(dec, ids)
-                if reference is None:
-                    reference = out
-                mismatch = first_difference(reference, out) if compare else None
-                phases: dict[str, float] = {}
-                for s in dec.steps:
-                    for k, v in s.timings.items():
-                        phases[k] = phases.get(k, 0.0) + v
-                runs.append(Run(spec.name, prompt.question_id, prompt.category, len(out), secs, len(dec.steps),
-                                (mismatch is None) if compare else None, mismatch, sum(s.forward_tokens for s in dec.steps), phases,
-                                turn + 1, _explain(lm, ids, reference, dec, out) if mismatch is not None else None))
+            done, reference = run_turn(lm, prompt, turn + 1, ids, rotated(specs, n), max_new_tokens, compare)
+            runs += sorted(done, key=lambda r: [s.name for s in specs].index(r.method))
             answers.append(lm.tokenizer.decode(reference, skip_special_tokens=True))
     return runs

@@ -1,10 +1,21 @@
-"""Aggregate runs into the paper's figures: tok/s, MAT, speedup vs greedy, identical fraction."""
+"""Aggregate runs into the paper's figures: tok/s, MAT, speedup over the fastest plain greedy with a 95%
+bootstrap interval over prompts, identical fraction, and the A/A check of the timing."""
 from __future__ import annotations
 
 from collections import Counter, defaultdict
 
 
-def _figures(runs, greedy_tps: float | None) -> dict:
+AA_BAND = 0.03  # the A/A row must read 1.00x within this, or the machine was busy during the run
+BOOTSTRAP = 2000  # resamples of the prompts for a speedup's 95% interval
+GREEDY_PEERS = ("greedy", "hf-greedy")  # the plain greedy decoders: the fastest is the baseline
+
+
+def _tps(runs) -> float | None:
+    secs = sum(r.seconds for r in runs)
+    return sum(r.new_tokens for r in runs) / secs if secs else None
+
+
+def _figures(runs, base_tps: float | None) -> dict:
     tokens = sum(r.new_tokens for r in runs)
     secs = sum(r.seconds for r in runs)
     steps = sum(r.steps for r in runs)
@@ -16,13 +27,18 @@ def _figures(runs, greedy_tps: float | None) -> dict:
     return {
         "prompts": len(runs), "new_tokens": tokens, "seconds": round(secs, 4), "steps": steps,
         "tok_per_s": round(tps, 3), "mat": round(tokens / steps, 4) if steps else None,
-        "speedup": round(tps / greedy_tps, 4) if greedy_tps else 1.0,
+        "speedup": round(tps / base_tps, 4) if base_tps else 1.0,
         "identical": _identical(runs),
         "mean_forward_tokens": round(sum(r.forward_tokens for r in runs) / steps, 2) if steps else 0.0,
         "phase_share": {k: round(v / sum(phases.values()), 4) for k, v in phases.items()} if phases else {},
-        "mismatches": [{"question_id": r.question_id, "turn": r.turn, **(r.divergence or {"position": r.first_mismatch})}
-                       for r in runs if r.identical is False],
+        "mismatches": [mismatch_record(r) for r in runs if r.identical is False],
     }
+
+
+def mismatch_record(run) -> dict:
+    """One output that differs from the baseline's (a dict, so that more facts can join it)."""
+    return {"question_id": run.question_id, "turn": run.turn, "position": run.first_mismatch,
+            **(run.divergence or {})}
 
 
 def _identical(runs) -> float | None:
@@ -31,29 +47,72 @@ def _identical(runs) -> float | None:
     return round(sum(checked) / len(checked), 4) if checked else None
 
 
+def speedup_interval(runs, base_runs, resamples: int = BOOTSTRAP, seed: int = 0) -> list[float] | None:
+    """95% bootstrap interval of ``tok/s(runs) / tok/s(base_runs)`` over prompts: the prompts both
+    ran are resampled with replacement, each resample's speedup a ratio of sums (as the point estimate)."""
+    import numpy as np
+
+    base = {(r.question_id, r.turn): r for r in base_runs}
+    pairs = [(r, base[r.question_id, r.turn]) for r in runs if (r.question_id, r.turn) in base]
+    if len(pairs) < 2:
+        return None
+    arr = np.array([(a.new_tokens, a.seconds, b.new_tokens, b.seconds) for a, b in pairs], dtype=float)
+    idx = np.random.default_rng(seed).integers(0, len(pairs), (resamples, len(pairs)))
+    s = arr[idx].sum(axis=1)  # [resamples, 4]
+    ratio = (s[:, 0] / s[:, 1]) / (s[:, 2] / s[:, 3])
+    lo, hi = np.percentile(ratio, [2.5, 97.5])
+    return [round(float(lo), 4), round(float(hi), 4)]
+
+
+def fastest_baseline(by_method: dict) -> str | None:
+    """The plain greedy decoder with the highest overall tok/s (``sample`` when sampling)."""
+    peers = [n for n in GREEDY_PEERS if by_method.get(n)] or [n for n in ("sample",) if by_method.get(n)]
+    return max(peers, key=lambda n: _tps(by_method[n]) or 0.0) if peers else None
+
+
+def aa_check(by_method: dict, band: float = AA_BAND) -> dict | None:
+    """The baseline against its second copy: ratio, 95% interval and whether it is within ``band``."""
+    from .harness import AA_SUFFIX
+
+    base = next((n for n in ("greedy", "sample") if by_method.get(n) and by_method.get(n + AA_SUFFIX)), None)
+    if base is None:
+        return None
+    twin = by_method[base + AA_SUFFIX]
+    ratio = (_tps(twin) or 0.0) / (_tps(by_method[base]) or 1.0)
+    return {"pair": [base + AA_SUFFIX, base], "ratio": round(ratio, 4),
+            "ci": speedup_interval(twin, by_method[base]), "band": band, "ok": abs(ratio - 1.0) <= band}
+
+
 def summarize(runs, meta: dict | None = None) -> dict:
-    """``{"meta": ..., "methods": {name: {tok_per_s, mat, speedup, identical, per_category: {...}}}}``."""
+    """``{"meta", "baseline", "aa", "warnings", "methods": {name: {tok_per_s, mat, speedup, speedup_ci,
+    identical, per_category: {...}}}}``; every speedup is over ``baseline``, the fastest plain greedy."""
     by_method: dict[str, list] = defaultdict(list)
     for r in runs:
         by_method[r.method].append(r)
-    # The baseline: plain greedy decoding, or plain sampling ("sample") when sampling.
-    greedy = by_method.get("greedy") or by_method.get("sample") or []
+    base_name = fastest_baseline(by_method)
+    base = by_method.get(base_name, [])
     cats = sorted({r.category for r in runs})
 
-    def greedy_tps(cat=None):
-        sel = [r for r in greedy if cat is None or r.category == cat]
-        secs = sum(r.seconds for r in sel)
-        return sum(r.new_tokens for r in sel) / secs if secs else None
+    def in_cat(rs, c):
+        return [r for r in rs if r.category == c]
 
     methods = {}
     for name, rs in by_method.items():
-        fig = _figures(rs, greedy_tps())
-        fig["per_category"] = {c: {k: v for k, v in _figures([r for r in rs if r.category == c],
-                                                            greedy_tps(c)).items()
-                                   if k not in ("mismatches", "phase_share")}
-                               for c in cats if any(r.category == c for r in rs)}
+        fig = _figures(rs, _tps(base))
+        fig["speedup_ci"] = speedup_interval(rs, base)
+        fig["per_category"] = {}
+        for c in cats:
+            if in_cat(rs, c):
+                pc = {k: v for k, v in _figures(in_cat(rs, c), _tps(in_cat(base, c))).items()
+                      if k not in ("mismatches", "phase_share")}
+                pc["speedup_ci"] = speedup_interval(in_cat(rs, c), in_cat(base, c))
+                fig["per_category"][c] = pc
         methods[name] = fig
-    return {"meta": meta or {}, "methods": methods}
+    aa = aa_check(by_method)
+    warnings = [] if aa is None or aa["ok"] else [
+        f"A/A reads {aa['ratio']:.2f}x, outside 1.00x +/- {aa['band']:.0%}: the machine was busy during the "
+        "run; its timings are not reliable"]
+    return {"meta": meta or {}, "baseline": base_name, "aa": aa, "warnings": warnings, "methods": methods}
 
 
 def ordered_categories(summary: dict) -> list[str]:
@@ -72,14 +131,19 @@ def write_csv(summary: dict, path) -> None:
     import csv
 
     keys = ["prompts", "new_tokens", "seconds", "steps", "tok_per_s", "mat", "speedup", "identical"]
+
+    def row(fig):
+        ci = fig.get("speedup_ci") or [None, None]
+        return [fig[k] for k in keys] + ci
+
     with open(path, "w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["method", "category", *keys])
+        w.writerow(["method", "category", *keys, "speedup_ci_low", "speedup_ci_high"])
         for name, m in summary["methods"].items():
-            w.writerow([name, "overall", *[m[k] for k in keys]])
+            w.writerow([name, "overall", *row(m)])
             for c in ordered_categories(summary):
                 if c in m["per_category"]:
-                    w.writerow([name, c, *[m["per_category"][c][k] for k in keys]])
+                    w.writerow([name, c, *row(m["per_category"][c])])
 
 
 def write_chart(summary: dict, path) -> list[str]:
@@ -108,15 +172,27 @@ def write_chart(summary: dict, path) -> list[str]:
     return written
 
 
+def _interval(ci) -> str:
+    return f"[{ci[0]:.2f}, {ci[1]:.2f}]" if ci else "-"
+
+
 def format_table(summary: dict) -> str:
-    """A plain-text table: one row per method, then speedup per category."""
+    """A plain-text table: one row per method (speedup over the fastest plain greedy, with its 95%
+    interval over prompts), the A/A check, then speedup per category."""
     methods = summary["methods"]
-    head = f"{'method':<22}{'tokens':>8}{'seconds':>10}{'tok/s':>9}{'MAT':>7}{'speedup':>9}{'identical':>11}"
+    head = (f"{'method':<22}{'tokens':>8}{'seconds':>10}{'tok/s':>9}{'MAT':>7}{'speedup':>9}{'95% CI':>15}"
+            f"{'identical':>11}")
     lines = [head, "-" * len(head)]
     for name, m in methods.items():
         mat = f"{m['mat']:>7.2f}" if m["mat"] is not None else f"{'-':>7}"
         lines.append(f"{name:<22}{m['new_tokens']:>8}{m['seconds']:>10.2f}{m['tok_per_s']:>9.2f}"
-                     f"{mat}{m['speedup']:>8.2f}x{_percent(m['identical']):>11}")
+                     f"{mat}{m['speedup']:>8.2f}x{_interval(m.get('speedup_ci')):>15}{_percent(m['identical']):>11}")
+    if summary.get("baseline"):
+        lines.append(f"speedups over {summary['baseline']}, the fastest plain decoder of this run")
+    aa = summary.get("aa")
+    if aa:
+        verdict = "ok" if aa["ok"] else f"OUTSIDE +/- {aa['band']:.0%}: machine busy, timings unreliable"
+        lines.append(f"A/A ({aa['pair'][0]} / {aa['pair'][1]}): {aa['ratio']:.3f}x {_interval(aa['ci'])} {verdict}")
     cats = ordered_categories(summary)
     if cats:
         lines += ["", "speedup (MAT) per category", f"{'category':<18}" + "".join(f"{n:>22}" for n in methods)]

@@ -3,7 +3,8 @@ that verifies.
 
 Each step, in phases:
   1. retrieve  - the candidate trie keyed by the last committed token (``tr_core.ptd``) becomes
-     the verified tree under the root; the draft tree rides along behind it in the same input
+     the verified tree under the root (where extra tokens cost: only the candidates that pay,
+     ``PTDPlanner``); the draft tree rides along behind it in the same input
   2. forward   - one forward: candidates see the cache, the root and their ancestors; draft
      nodes see the cache and their own ancestors
   3. verify    - the longest candidate path equal to the model's argmax, plus the model's token,
@@ -14,10 +15,13 @@ Each step, in phases:
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
+from ..cost import cost_curve_for
 from ..models import LoadedModel
-from ..ptd import CandidateTries, DraftForest, FlatForest, PTDConfig
+from ..ptd import CandidateTries, DraftForest, FlatForest, PTDConfig, PTDPlanner, candidate_keys, keep_candidates
 from ..sampling import SamplingConfig
 from ..trace import DraftTree, Step
 from ..trees import TreeTensors
@@ -29,9 +33,16 @@ class ProgressiveTreeDecoder(TreeDecoder):
     method = "ptd"
 
     def __init__(self, lm: LoadedModel, max_new_tokens: int = 128, config: PTDConfig | None = None,
-                 sampling: SamplingConfig | None = None):
+                 sampling: SamplingConfig | None = None, planner: PTDPlanner | None = None):
+        """``config``: default :meth:`PTDConfig.for_device`; when cost-aware, ``planner`` (made here
+        unless given, and shareable across requests) cuts candidates and draft nodes to what pays."""
         super().__init__(lm, max_new_tokens, sampling)
-        self.config = config or PTDConfig()
+        config = config or PTDConfig.for_device(lm.device)
+        self.planner = None
+        if config.cost_aware:
+            self.planner = planner or PTDPlanner(cost_curve_for(lm), config.max_nodes)
+            config = replace(config, max_nodes=self.planner.draft_budget())
+        self.config = config
         self.lookahead = max(self.config.ngram, self.config.depth) + 1
         self.forest = DraftForest(self.config)
         self.tries = CandidateTries(self.config.trie_nodes, self.config.ngram)
@@ -49,8 +60,15 @@ class ProgressiveTreeDecoder(TreeDecoder):
         with clock.phase("retrieve"):
             cand, cand_parents, cand_depths = self.tries.candidates(root)
             flat = self.forest.flatten()
+            if self.planner is not None:
+                keep = self.planner.cut(cand_parents, cand_depths, len(flat.nodes))
+                cand, cand_parents, cand_depths = keep_candidates(cand, cand_parents, cand_depths, keep)
             tokens, tree, m = self.step_input(root, cand, cand_parents, cand_depths, flat)
         logits, verdict, path = self.verify_tree(tokens, tree, clock, verified=m)
+        if self.planner is not None:
+            self.planner.record(candidate_keys(cand_parents, cand_depths), [i - 1 for i in path[1:]],
+                                tokens.shape[0], clock.seconds["forward"],
+                                self.cache_length - tokens.shape[0])
         with clock.phase("expand"):
             choices = logits[m:].argmax(dim=-1).tolist() if flat.nodes else []  # drafts grow greedily
             for p in self.forest.expand(flat, choices):

@@ -24,7 +24,7 @@ from .tree_step import TreeDecoder
 
 GPU_DEFAULT_TREE = "paper-80"
 CPU_DEFAULT_TREE = "auto"
-CPU_DEFAULT_LOOKUP = 10
+CPU_DEFAULT_LOOKUP = 24  # the planner cuts each continuation to what pays (long while copying)
 
 
 def default_tree_name(device: torch.device) -> str:
@@ -50,6 +50,7 @@ class TokenRecyclingDecoder(TreeDecoder):
             tree = default_tree_name(lm.device)
         self.planner = (planner or TreePlanner(lm, k=k)) if tree == "auto" else None
         if self.planner is not None:
+            self.planner.use_temperature(sampling.temperature if sampling is not None else 0.0)
             tree = self.planner.tree
         if matrix is None:
             matrix = AdjacencyMatrix(lm.vocab_size, k, lm.device, lm.fingerprint)
@@ -136,7 +137,8 @@ class TokenRecyclingDecoder(TreeDecoder):
             drafted = tokens[path[1:]].tolist()
             run = next((i for i, (a, b) in enumerate(zip(chain, drafted)) if a != b), min(len(chain), len(drafted)))
             self.planner.record_lookup(ngram, len(chain), run)
-        new = self.planner.record(shape, accepted, tokens.shape[0], forward_seconds)
+        new = self.planner.record(shape, accepted, tokens.shape[0], forward_seconds,
+                                   self.cache_length - tokens.shape[0])
         if new is not None:
             self.set_tree(new)
 

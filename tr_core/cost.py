@@ -1,0 +1,153 @@
+"""What one forward costs: seconds by query length and cache length, re-fitted while decoding.
+
+    cost(q, L) = alpha * s(1)  +  beta * (s(q) - s(1))  +  gamma * q * (L - L0)
+
+``s(q)`` is the shape measured once at load over a cache of ``L0`` tokens (kept as measured, not
+smoothed: on a CPU it is not monotone, kernel choices change with the size, and the planner should
+see exactly where those steps lie).  The three coefficients split a forward into
+
+* a fixed part (``alpha``): what a one-token forward costs, overheads and weight reads included;
+* a per-token part (``beta``): what every extra query token adds; load on a shared machine takes
+  compute from big forwards more than from small ones, so ``beta`` can move apart from ``alpha``;
+* a cache part (``gamma``): attention reads of every cached token, per query token.
+
+A uniform factor on every cost never changes which plan wins; these three can (a dearer extra
+token, or a longer cache, favours a smaller tree).  Every forward seen while decoding is an
+observation, and the coefficients are refitted by exponentially weighted least squares, shrunk
+towards ``alpha = beta`` (one common load factor) and the measured ``gamma``: old observations fade,
+so a curve measured while the machine was busy does not stick.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from .models import synchronize
+from .trees import TreeTensors
+
+COST_LENGTHS = tuple(range(1, 17)) + (20, 24, 32, 48, 64, 81, 96)
+PRIOR_WEIGHT = 2.0  # the prior (beta = alpha, gamma as measured) counts as this many observations
+ANCHOR_WEIGHT = 0.05  # alpha = 1 (the curve as measured): only to decide where nothing was observed
+DECAY = 0.98  # per observation: the fit follows the last few dozen forwards
+TYPICAL_CACHE_FEATURE = 8 * 256  # q * (L - L0) of a typical step: scales gamma's prior weight
+
+
+@dataclass
+class CostCurve:
+    """``cost(q, cache)`` in seconds (module doc); ``lengths``/``seconds`` the measured shape."""
+
+    lengths: list[int]
+    seconds: list[float]
+    per_cache: float = 0.0  # measured gamma: seconds per query token per cached token beyond ``prefix``
+    prefix: int = 128  # L0, the cache length of the measured shape
+    decay: float = DECAY
+    coef: np.ndarray = field(default=None)  # [alpha, beta, gamma]
+    _gram: np.ndarray = field(default=None, repr=False)  # [3, 3] decayed sum of x x^T
+    _moment: np.ndarray = field(default=None, repr=False)  # [3] decayed sum of x * seconds
+
+    def __post_init__(self) -> None:
+        self._table = [self._interpolate(q) for q in range(self.lengths[-1] + 1)]  # O(1) lookups
+        if self.coef is None:
+            self.coef = np.array([1.0, 1.0, self.per_cache])
+        self._gram, self._moment = np.zeros((3, 3)), np.zeros(3)
+
+    def _interpolate(self, q: int) -> float:
+        xs, ys = self.lengths, self.seconds
+        if q <= xs[0]:
+            return ys[0]
+        for (x0, y0), (x1, y1) in zip(zip(xs, ys), zip(xs[1:], ys[1:])):
+            if q <= x1:
+                return y0 + (y1 - y0) * (q - x0) / (x1 - x0)
+        slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])
+        return ys[-1] + slope * (q - xs[-1])
+
+    def shape(self, q: int) -> float:
+        """The measured seconds at ``q`` query tokens (interpolated between grid points)."""
+        return self._table[q] if 0 <= q < len(self._table) else self._interpolate(q)
+
+    def features(self, q: int, cache: int | None) -> np.ndarray:
+        """``[3]``: the fixed, per-token and cache parts of a forward, in measured seconds / tokens."""
+        extra = 0 if cache is None else cache - self.prefix
+        return np.array([self.shape(1), self.shape(q) - self.shape(1), q * extra])
+
+    def __call__(self, q: int, cache: int | None = None) -> float:
+        return max(float(self.features(q, cache) @ self.coef), 1e-9)
+
+    @property
+    def scale(self) -> float:
+        """The fixed part's factor: how much slower a one-token forward runs than when measured."""
+        return float(self.coef[0])
+
+    def observe(self, q: int, seconds: float, cache: int | None = None) -> None:
+        """One forward of ``q`` tokens over ``cache`` cached tokens took ``seconds``: refit."""
+        x = self.features(q, cache)
+        self._gram = self.decay * self._gram + np.outer(x, x)
+        self._moment = self.decay * self._moment + x * seconds
+        self.coef = self.refit()
+
+    def refit(self) -> np.ndarray:
+        """Least squares on the faded observations plus the prior: ``(G + P) c = m + p``, with
+        ``P`` pulling ``alpha`` to 1, ``beta`` to ``alpha`` and ``gamma`` to its measured value."""
+        s1 = self.shape(1)
+        w, wa = PRIOR_WEIGHT * s1 * s1, ANCHOR_WEIGHT * s1 * s1
+        wg = PRIOR_WEIGHT * TYPICAL_CACHE_FEATURE ** 2
+        d = np.array([-1.0, 1.0, 0.0])
+        prior = np.diag([wa, 0.0, wg]) + w * np.outer(d, d)
+        target = np.array([wa, 0.0, wg * self.per_cache])
+        coef = np.linalg.solve(self._gram + prior, self._moment + target)
+        return np.maximum(coef, [1e-3, 0.0, 0.0])  # no part of a forward is free or pays back
+
+    @classmethod
+    @torch.inference_mode()
+    def measure(cls, lm, lengths=COST_LENGTHS, prefix: int = 128, repeats: int = 3,
+                long_prefix: int = 512) -> "CostCurve":
+        """Time ``model(q tokens)`` over a ``prefix``-token cache with an explicit attention mask, as
+        tree steps run it: lengths interleaved round by round (so passing load hits all alike),
+        median of ``repeats`` after a warm-up round; then 1 and 16 tokens over ``long_prefix`` for the
+        cache part."""
+        base = time_forwards(lm, lengths, prefix, repeats)
+        ends = (1, min(16, max(lengths)))
+        far = time_forwards(lm, ends, long_prefix, repeats)
+        near = {q: base[lengths.index(q)] for q in ends}
+        slope = ((far[1] - far[0]) - (near[ends[1]] - near[1])) / ((ends[1] - 1) * (long_prefix - prefix))
+        return cls(list(lengths), base, per_cache=max(slope, 0.0), prefix=prefix)
+
+
+@torch.inference_mode()
+def time_forwards(lm, lengths, prefix: int, repeats: int) -> list[float]:
+    """Median seconds of one forward of each of ``lengths`` query tokens (a chain, with an explicit
+    mask) over a ``prefix``-token cache of random tokens."""
+    gen = torch.Generator().manual_seed(0)
+    dev = lm.device
+    low = min(100, lm.vocab_size - 1)  # skip the special tokens at the start of most vocabularies
+    ids = torch.randint(low, lm.vocab_size, (1, prefix + max(lengths)), generator=gen).to(dev)
+    sync = lambda: synchronize(dev)  # noqa: E731
+    cache = lm.new_cache()
+    lm.model(input_ids=ids[:, :prefix], use_cache=True, logits_to_keep=1, **{lm.cache_arg: cache})
+    n = max(lengths)  # a chain: every query token sees the cache and the ones before it
+    chain = TreeTensors.from_parents(list(range(-1, n - 1)), list(range(n)), dev, lm.dtype)
+    times: dict[int, list[float]] = {q: [] for q in lengths}
+    for r in range(repeats + 1):
+        for q in lengths:
+            tree = chain.head(q)
+            pos, mask = tree.position_ids(prefix), lm.tree_masks(tree, prefix)
+            sync()
+            t0 = time.perf_counter()
+            lm.model(input_ids=ids[:, prefix:prefix + q], position_ids=pos, attention_mask=mask, use_cache=True,
+                     **{lm.cache_arg: cache})
+            sync()
+            if r:
+                times[q].append(time.perf_counter() - t0)
+            cache.crop(-q)
+    return [sorted(times[q])[len(times[q]) // 2] for q in lengths]
+
+
+def cost_curve_for(lm) -> CostCurve:
+    """The model's cost curve, measured once and kept on the shared ``LoadedModel`` (refitted as
+    decoding observes forwards)."""
+    if lm.cost_curve is None:
+        lm.cost_curve = CostCurve.measure(lm)
+    return lm.cost_curve
