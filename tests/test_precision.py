@@ -105,3 +105,20 @@ def test_the_race_explains_the_first_divergence_and_the_run_file_keeps_it(tiny_l
     doc["header"]["divergence"]["cause"] = "<script>"  # an uploaded file is checked field by field
     with pytest.raises(RunFileError):
         read_run(json.dumps(doc))
+
+
+def test_bench_mismatches_carry_margin_and_cause(tiny_lm, monkeypatch):
+    """Each mismatch in the bench's JSON has position, both tokens, the margin and its cause."""
+    from tr_core.bench.data import BenchPrompt
+    from tr_core.bench.harness import parse_methods, run_benchmark
+    from tr_core.bench.report import format_table, summarize
+
+    monkeypatch.setattr("tr_core.decoders.tree_step.verify_greedy", accept_drafts_unchecked)
+    prompts = [BenchPrompt("1", "qa", "w3 w4 w5 w6 w7"), BenchPrompt("2", "qa", "w9 w8 w7 w6")]
+    specs = parse_methods("tr:tr-16", tiny_lm)
+    summary = summarize(run_benchmark(tiny_lm, prompts, specs, 24, warmup=0, progress=False))
+    wrong = summary["methods"]["tr:tr-16"]["mismatches"]
+    assert wrong and all(m["cause"] == BUG and m["margin"] > m["bound"] for m in wrong)
+    assert {"position", "greedy_token", "method_token", "margin", "cause", "forward_tokens"} <= set(wrong[0])
+    assert not summary["methods"]["greedy-aa"]["mismatches"]
+    assert f"bug {len(wrong)}" in format_table(summary)
