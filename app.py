@@ -193,11 +193,14 @@ def wire(demo: gr.Blocks, h: Handlers, session, ui: dict, cmp: dict, hub: ModelH
 def warm_or_say(hub: ModelHub, progress) -> str:
     """Start-up in words: ready, or why not (the page still opens and replays run files)."""
     from components.handlers import error_text
+    from tr_core.models import ModelLoadError
 
     try:
         return warm_up(hub, progress)
+    except ModelLoadError as err:
+        return f"⚠️ {err} Example runs and run files still replay without a model."
     except Exception as err:
-        return error_text(err).replace("this session was reset", "run files still open and replay") + \
+        return error_text(err).replace("; this session was reset.", ".") + \
             " Example runs and run files still replay without a model."
 
 

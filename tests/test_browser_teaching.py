@@ -163,8 +163,9 @@ def test_compare_tab(browser, launched):  # noqa: F811
     tokens.press("Enter")
     page.get_by_role("tab", name="Compare methods").click()
     page.locator("#compare-run").click()
-    expect(page.locator("#compare-table")).to_contain_text("PLD", timeout=120_000)
-    assert page.locator("#compare-table").inner_text().count("identical to greedy") == 5
+    table = page.locator("#compare-table table.compare")  # not the progress text ("Running PLD to the end")
+    expect(table).to_contain_text("PLD", timeout=120_000)
+    assert table.inner_text().count("identical to greedy") == 5
     assert page.locator("#compare-plot .js-plotly-plot").count() == 1
     page.close()
 
@@ -183,7 +184,7 @@ def test_page_loads_and_replays_without_a_model(browser, tmp_path):
         page = browser.new_page(viewport={"width": 390, "height": 844})  # and at phone width
         page.goto(f"http://127.0.0.1:{port}/")
         expect(page.locator("#status")).to_contain_text("replay", timeout=60_000)
-        page.locator("#example-runs").click()
+        page.get_by_role("combobox", name="Example runs").click()  # the field, not the block's label gap
         page.get_by_role("option").first.click()
         expect(page.locator("#status")).to_contain_text("Opened", timeout=30_000)
         expect(page.locator("#tree-plot")).to_contain_text("Step 1:", timeout=30_000)
