@@ -1,4 +1,4 @@
-"""How long the app takes to draw one step: ``python -m components.render_bench``.
+"""How long the app takes to draw one step: ``python -m bench.render``.
 
 Decodes a few steps with the paper's 80-node tree on the embedded model, then times building every
 panel (tree, heatmap, text, counters, charts, phases) for each step, and prints the figures beside the
@@ -12,16 +12,16 @@ import time
 
 from tr_core import GreedyDecoder, TokenRecyclingDecoder, load_model
 
-from .counters import charts_figure, counters_html
-from .heatmap import heatmap_figure
-from .phase_strip import phase_html
-from .race import Race
-from .text_view import output_html
-from .tree_plot import tree_figure
+from components.counters import charts_figure, counters_html
+from components.heatmap import heatmap_figure
+from components.phase_strip import phase_html
+from components.race import Race
+from components.text_view import output_html
+from components.tree_plot import tree_figure
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m components.render_bench")
+    ap = argparse.ArgumentParser(prog="python -m bench.render")
     ap.add_argument("--tree", default="paper-80")
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--model", default=None)
