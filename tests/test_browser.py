@@ -72,8 +72,9 @@ def test_browser_steps_draw_tree_heatmap_and_counters(launched, tmp_path):  # no
             expect(page.locator("#play")).to_have_text("▶ Play", timeout=10_000)
             expect(idle).to_have_count(0, timeout=60_000)
             target = SCREENSHOT if os.environ.get("UPDATE_SCREENSHOT") else tmp_path / "app.png"
+            page.set_viewport_size({"width": 1280, "height": 800})  # the README's view: tree and matrix in it
             page.wait_for_timeout(500)
-            page.screenshot(path=str(target), full_page=True)
+            page.screenshot(path=str(target))
             assert target.stat().st_size > 10_000
         finally:
             browser.close()
