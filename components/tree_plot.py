@@ -116,7 +116,7 @@ def _frame_axes(fig: go.Figure, pos: dict, depths: list[int]) -> None:
     xs = [x for x, _ in pos.values()]
     mid, half = (max(xs) + min(xs)) / 2, max((max(xs) - min(xs)) / 2 + 0.12, 0.6)
     deepest = max(depths) if depths else 0
-    fig.update_xaxes(range=[mid - half, mid + half])
+    fig.update_xaxes(range=[mid - half, mid + half + 0.2])  # + the bonus star and its label, right of a node
     fig.update_yaxes(range=[-max(deepest + 1.0, 2.5), 0.45])
 
 
