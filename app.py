@@ -172,8 +172,9 @@ def wire(demo: gr.Blocks, h: Handlers, session, ui: dict, cmp: dict, hub: ModelH
     ui["reset"].click(h.reset, session, views + play).then(**prepare)
     ui["history"].input(h.history, [ui["history"], session], views)
     ui["teach"].change(h.teach_toggled, [ui["teach"], session], views)
-    ui["node_pick"].input(h.pick_node, [ui["node_pick"], session], views)
-    ui["token_pick"].input(h.pick_token, [ui["token_pick"], session], views)
+    # the hidden fields are written by keyboard.js; Gradio's .input fires on typed keys only, .change on any value
+    ui["node_pick"].change(h.pick_node, [ui["node_pick"], session], views)
+    ui["token_pick"].change(h.pick_token, [ui["token_pick"], session], views)
     ui["example"].input(lambda p: p or gr.skip(), ui["example"], ui["prompt"])
     ui["open"].upload(files.upload, [ui["open"], session], views).then(**prepare)
     ui["example_run"].input(files.example, [ui["example_run"], session], views).then(**prepare)
@@ -192,11 +193,14 @@ def wire(demo: gr.Blocks, h: Handlers, session, ui: dict, cmp: dict, hub: ModelH
 def warm_or_say(hub: ModelHub, progress) -> str:
     """Start-up in words: ready, or why not (the page still opens and replays run files)."""
     from components.handlers import error_text
+    from tr_core.models import ModelLoadError
 
     try:
         return warm_up(hub, progress)
+    except ModelLoadError as err:
+        return f"⚠️ {err} Example runs and run files still replay without a model."
     except Exception as err:
-        return error_text(err).replace("this session was reset", "run files still open and replay") + \
+        return error_text(err).replace("; this session was reset.", ".") + \
             " Example runs and run files still replay without a model."
 
 

@@ -11,8 +11,8 @@ from tr_core.trace import Step
 
 from .tree_plot import blank_figure, edge_trace, titled, tree_layout
 
-LEGEND = ("colour = share of the steps that drafted the node in which it was accepted (white 0% → green 100%) · "
-          "size = how often it was drafted · hover: its rank path")
+LEGEND = ("colour = accepted ÷ drafted (white 0% → green 100%) · size = how often drafted<br>"
+          "the auto tree keeps the nodes that pay for their forward cost · hover: the rank path")
 
 
 def acceptance_counts(steps: list[Step]) -> dict[tuple[int, ...], list[int]]:
@@ -37,7 +37,7 @@ def acceptance_counts(steps: list[Step]) -> dict[tuple[int, ...], list[int]]:
 def acceptance_figure(steps: list[Step], upto: int) -> go.Figure:
     fig = blank_figure("", "acceptance")
     counts = acceptance_counts(steps[:upto])
-    titled(fig, f"Acceptance map over steps 1–{upto}: how often each node of the tree shape was accepted", LEGEND)
+    titled(fig, f"Acceptance map, steps 1–{upto}: how often each node was accepted", LEGEND)
     if not counts:
         fig.add_annotation(text="No tree steps yet (greedy and prompt lookup draft no matrix tree)",
                            showarrow=False, font_size=13)

@@ -69,7 +69,7 @@ def compare_table(rows: list[dict]) -> str:
         body.append(f"<tr><th>{html.escape(r['name'])}</th><td>{n}</td><td>{f}</td><td>{n / max(f, 1):.2f}</td>"
                     f"<td>{rate:.1f}</td><td>{rate / g_rate if g_rate else 0:.2f}×</td><td>{verdict}</td></tr>")
     note = ("<div class='legend'>MAT = tokens per forward pass. Speedup = tok/s over greedy's, measured here "
-            "one method after the other on this machine (no GPU figures yet).</div>")
+            "one method after the other on the device this app runs on.</div>")
     return head + "".join(body) + "</table>" + note
 
 

@@ -93,11 +93,10 @@ class Handlers:
         sess = self.session(sess, request)
         sess.stop, sess.frame, sess.replay = False, 0, None
         try:
-            sess.step(self.hub, prompt, make_settings(*rest), self.cap)
-            race = sess.race
+            race = sess.step(self.hub, prompt, make_settings(*rest), self.cap)
             yield self.render(sess)
             while not sess.closed and not sess.stop and sess.race is race and not race.done:
-                sess.advance()
+                sess.advance(race)
                 yield self.render(sess)
             if sess.stop and sess.race is race:
                 yield self.render(sess, "Stopped: Step or Run to end go on from here.")

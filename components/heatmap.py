@@ -12,11 +12,11 @@ MAX_ROWS = 20
 # 0 = same token at the same rank, 1 = moved from another rank, 2 = new to the row, 3 = empty (never written)
 SCALE = [[0.0, "#eef1f4"], [0.24, "#eef1f4"], [0.25, "#ffe08a"], [0.49, "#ffe08a"], [0.5, "#f08a4b"],
          [0.74, "#f08a4b"], [0.75, "#ffffff"], [1.0, "#ffffff"]]
-AFTER = ("row = a token (·123 its id; ▶ on the accepted path), column = rank; <b>after</b> this step's writes"
-         "<br><span style='color:#999'>■</span> unchanged <span style='color:#e0b000'>■</span> moved within the "
-         "row <span style='color:#f08a4b'>■</span> new to the row · ∅ never written")
-BEFORE = ("row = a token (·123 its id; ▶ on the accepted path), column = rank<br>shown <b>before</b> this step's "
-          "writes: what the drafts were read from · ∅ never written")
+ROWS = "each row: a token (·its id) and its k likeliest next tokens<br>▶ on the accepted path · "
+AFTER = (f"{ROWS}shown <b>after</b> this step's writes<br><span style='color:#999'>■</span> unchanged "
+         "<span style='color:#e0b000'>■</span> moved within the row <span style='color:#f08a4b'>■</span> new · "
+         "∅ never written")
+BEFORE = f"{ROWS}shown <b>before</b> this step's writes<br>what the drafts were read from · ∅ never written"
 EMPTY_START = ("The matrix is empty: drafts start to hit after a few steps; big trees cost more on a CPU.")
 
 
@@ -25,7 +25,7 @@ def heatmap_figure(step: Step | None, token_text, frame: int = 0, picked: list[i
     tokens to outline (the row a clicked node was drafted from and the row it wrote)."""
     fig = go.Figure()
     before = frame in (1, 2, 3)
-    fig.update_layout(margin=dict(l=6, r=6, t=58, b=4), height=HEIGHT, plot_bgcolor="white")
+    fig.update_layout(margin=dict(l=6, r=6, t=88, b=4), height=HEIGHT, plot_bgcolor="white")
     titled(fig, "The matrix M: each token's k candidates", BEFORE if before else AFTER)
     if step is None or not step.rows_written:
         words = {"greedy": "Greedy decoding keeps no matrix",

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import re
 import threading
+from pathlib import Path
 
 from tr_core.models import EMBEDDED, LoadedModel, ModelLoadError, load_model
 
@@ -13,19 +14,25 @@ PROBE_SECONDS = 4.0
 
 def check_hub_id(spec: str) -> None:
     """A model a visitor names is a Hub id (never a server path), answered within seconds: found in the
-    local cache, or asked of the Hub with a short timeout (offline, an unknown id fails at once)."""
+    local cache, or asked of the Hub with a short timeout (offline, an unknown id fails at once).
+
+    ``org/name`` is also a relative path, and the loaders read a folder or ``.gguf`` file of that name
+    on the server's disk before the Hub: such a name is refused with the very words of a missing one,
+    and only after the Hub was asked, so neither the answer nor its delay tells what is on the disk."""
     if not HUB_ID.fullmatch(spec) or ".." in spec:
         raise ModelLoadError(f"Could not load {spec[:80]!r}: name a Hugging Face model id such as "
                              "Qwen/Qwen2.5-0.5B-Instruct.")
     from huggingface_hub import model_info, try_to_load_from_cache
 
-    if isinstance(try_to_load_from_cache(spec, "config.json"), str):
-        return
-    try:
-        model_info(spec, timeout=PROBE_SECONDS)
-    except Exception as err:  # not found, gated, offline, unreachable: all mean "cannot load it now"
-        raise ModelLoadError(f"Could not load {spec!r}: it is not in this machine's model cache and the Hub "
-                             f"did not offer it ({type(err).__name__}).") from None
+    reason = ""
+    if not isinstance(try_to_load_from_cache(spec, "config.json"), str):
+        try:
+            model_info(spec, timeout=PROBE_SECONDS)
+        except Exception as err:  # not found, gated, offline, unreachable: all mean "cannot load it now"
+            reason = f" ({type(err).__name__})"
+    if reason or Path(spec).exists():
+        raise ModelLoadError(f"Could not load {spec!r}: it is not in the server's model cache and the Hub "
+                             f"did not offer it{reason or ' (RepositoryNotFoundError)'}.")
 
 
 class ModelHub:

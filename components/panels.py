@@ -33,7 +33,7 @@ def draw_panels(view: RunView | None, n: int | None = None, frame: int = 0, pick
             draft_figure(step, text_of, f"PTD's draft tree after step {n} (rides along in the next forward)"
                          if view.method == "ptd" else ""),
             heatmap_figure(step, text_of, frame, rows),
-            output_html(view.steps[:n], text_of, view.special, current=n, mark=div and div["position"]),
+            output_html(view.steps, text_of, view.special, current=n, mark=div and div["position"]),
             counters_html(view.figures(n), label, sampled=view.sampled,
                           extra=html.escape(describe(Divergence(**div), lambda t: visible(text_of(t), 20))) if div else ""),
             charts_figure([len(s.committed) for s in view.steps[:n]], view.speedups(n), max_len=view.lookahead),

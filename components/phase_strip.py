@@ -8,6 +8,8 @@ from tr_core.trace import Step
 from .tokens import visible
 
 
+LATER = ("Why early steps can be slower than greedy: the matrix starts empty (∅), so few drafts hit at first, "
+         "and every draft token costs forward time (big trees cost more on a CPU).")
 EARLY = ("Early steps: the matrix is still mostly empty (∅), so few drafts hit yet, and every draft token "
          "costs forward time (big trees cost more on a CPU): early steps can be slower than greedy.")
 
@@ -21,8 +23,8 @@ def _with_frame(body: str, frame: int, step: Step | None) -> str:
     if frame:
         body = body.replace(f'<div class="ph-cell"><span class="ph">{frame}.',
                             f'<div class="ph-cell ph-now"><span class="ph">{frame}.')
-    if step is not None and step.method == "tr" and _early(step):
-        body += f'<div class="ph-note">{EARLY}</div>'
+    if step is not None and step.method == "tr":
+        body += f'<div class="ph-note">{EARLY if _early(step) else LATER}</div>'
     return f'<div class="phases-wrap" role="region" aria-label="What this step did">{body}</div>'
 
 

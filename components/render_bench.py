@@ -11,11 +11,11 @@ import statistics
 import time
 
 from tr_core import GreedyDecoder, TokenRecyclingDecoder, load_model
+from tr_core.race import Race
 
 from .counters import charts_figure, counters_html
 from .heatmap import heatmap_figure
 from .phase_strip import phase_html
-from tr_core.race import Race
 from .text_view import output_html
 from .tree_plot import tree_figure
 

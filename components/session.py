@@ -121,8 +121,8 @@ class Session:
             self.planner.reset()
         return self.planner
 
-    def begin(self, hub: ModelHub, prompt: str, s: Settings, cap: int) -> None:
-        """A new race on ``prompt``; the matrix carries over when hot start is on."""
+    def begin(self, hub: ModelHub, prompt: str, s: Settings, cap: int) -> Race:
+        """A new race on ``prompt`` (returned); the matrix carries over when hot start is on."""
         if not prompt or not prompt.strip():
             raise UserError("The prompt is empty: type something or pick an example.")
         if len(prompt) > MAX_PROMPT_CHARS:
@@ -149,22 +149,29 @@ class Session:
         self.race, self.prompt, self.started_with = race, prompt, (prompt, s)
         self.header = run_header(lm, prompt, s, race.decoder.prompt)
         self.replay = None
+        return race
 
     def needs_new_race(self, prompt: str, s: Settings) -> bool:
         return self.race is None or self.race.done or self.started_with != (prompt, s)
 
-    def step(self, hub: ModelHub, prompt: str, s: Settings, cap: int) -> None:
-        """One step of the race on ``prompt`` (a new race when the prompt or settings changed)."""
-        if self.needs_new_race(prompt, s):
-            self.begin(hub, prompt, s, cap)
-        self.advance()
+    def step(self, hub: ModelHub, prompt: str, s: Settings, cap: int) -> Race:
+        """One step of the race on ``prompt`` (a new race when the prompt or settings changed); the race."""
+        race = self.begin(hub, prompt, s, cap) if self.needs_new_race(prompt, s) else self.race
+        return self.advance(race)
 
-    def advance(self) -> None:
-        """One step of the current race (the panels follow it to the latest step)."""
-        self.race.step()
-        self.shown, self.picked = None, None
-        self.message = self.notice + ("Done: end of text or token budget reached." if self.race.done else "")
-        self.notice = ""
+    def advance(self, race: Race | None = None) -> Race:
+        """One step of ``race`` (default: the current one); the panels follow it to the latest step.
+        Reset may drop the race while it steps (it does not wait for the model): the step then
+        belongs to a race nobody shows, and the session is left as Reset made it."""
+        race = race or self.race
+        if race is None:
+            raise UserError("Nothing to step: the session was reset. Press Step to start again.")
+        race.step()
+        if race is self.race:
+            self.shown, self.picked = None, None
+            self.message = self.notice + ("Done: end of text or token budget reached." if race.done else "")
+            self.notice = ""
+        return race
 
     def reset(self) -> None:
         self.race, self.started_with, self.message = None, None, ""

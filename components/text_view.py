@@ -8,12 +8,13 @@ from .tokens import html_text
 LEGEND = ('<span class="tok tok-draft">accepted draft</span> '
           '<span class="tok tok-own">model\'s own token</span> '
           '<span class="tok tok-end">end</span> a special token (end of turn) · '
-          '<span class="tok tok-now">this step</span> · click a token to open the step that committed it')
+          '<span class="tok tok-now">this step</span> <span class="tok tok-later">later steps</span> · '
+          'click a token to open the step that committed it')
 
 
 def output_html(steps: list[Step], token_text, special: set[int] = frozenset(), current: int | None = None,
                 mark: int | None = None) -> str:
-    """``current``: the step shown (its tokens outlined); ``mark``: one output position to flag
+    """``current``: the step shown (its tokens outlined, later ones dimmed); ``mark``: one output position to flag
     (e.g. where two precisions first part)."""
     parts = [f'<div class="legend">{LEGEND}</div><div class="gen-text" role="list">']
     pos = 0
@@ -24,6 +25,8 @@ def output_html(steps: list[Step], token_text, special: set[int] = frozenset(), 
             cls = ["tok", "tok-own" if is_own else "tok-draft", "odd" if step.index % 2 else "even"]
             if step.index == current:
                 cls.append("tok-now")
+            elif current is not None and step.index > current:
+                cls.append("tok-later")  # after the step shown: dimmed, still clickable
             if pos == mark:
                 cls.append("tok-mark")
             title = f"step {step.index}: {'model' if is_own else 'draft accepted'} · id {tok}"

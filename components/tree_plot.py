@@ -9,6 +9,7 @@ from tr_core.trace import Step
 from .tokens import visible
 
 HEIGHT = 370
+TREE_HEIGHT = HEIGHT - 34  # the tree's tabs take the rest: tree and matrix end level
 COLORS = {"root": "#1f4e99", "accepted": "#2e9d4f", "rejected": "#b8bec6", "bonus": "#e0a100",
           "lookup": "#8e44ad"}
 
@@ -28,7 +29,7 @@ def tree_layout(parents: list[int], depths: list[int]) -> dict[int, tuple[float,
 def blank_figure(title: str, uirevision: str) -> go.Figure:
     """An empty tree panel: no axes, the title top left; ``uirevision`` keeps zoom across steps."""
     fig = go.Figure()
-    fig.update_layout(uirevision=uirevision, margin=dict(l=6, r=6, t=58, b=4), height=HEIGHT,
+    fig.update_layout(uirevision=uirevision, margin=dict(l=6, r=6, t=58, b=4), height=TREE_HEIGHT,
                       plot_bgcolor="white", showlegend=False, title=dict(text=title, x=0.01, font_size=14),
                       xaxis=dict(visible=False), yaxis=dict(visible=False))
     return fig
@@ -115,7 +116,7 @@ def _frame_axes(fig: go.Figure, pos: dict, depths: list[int]) -> None:
     xs = [x for x, _ in pos.values()]
     mid, half = (max(xs) + min(xs)) / 2, max((max(xs) - min(xs)) / 2 + 0.12, 0.6)
     deepest = max(depths) if depths else 0
-    fig.update_xaxes(range=[mid - half, mid + half])
+    fig.update_xaxes(range=[mid - half, mid + half + 0.2])  # + the bonus star and its label, right of a node
     fig.update_yaxes(range=[-max(deepest + 1.0, 2.5), 0.45])
 
 

@@ -141,6 +141,35 @@ def test_unknown_model_id_answers_within_seconds_offline():
         ModelHub().get("/etc")
 
 
+def test_a_relative_folder_named_like_a_hub_id_is_never_read(tmp_path, monkeypatch):
+    """``org/name`` is also a relative path, which the loaders would read before the Hub: refused in the
+    words of a missing model, even when the Hub offers that id, and its files are never opened."""
+    import builtins
+
+    import huggingface_hub
+
+    from tr_core.models import ModelLoadError
+
+    folder = tmp_path / "some-org" / "local-model"
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text("{}")
+    monkeypatch.chdir(tmp_path)
+    opened, real_open = [], builtins.open
+    monkeypatch.setattr(builtins, "open", lambda f, *a, **k: (opened.append(str(f)), real_open(f, *a, **k))[1])
+    hub = ModelHub()  # nothing loads: the default model is never asked for
+    words = []
+    for offered in (False, True):  # the Hub has no such id / the Hub offers an id of the same name
+        if offered:
+            monkeypatch.setattr(huggingface_hub, "model_info", lambda *a, **k: object())
+        for spec in ("some-org/local-model", "some-org/missing-model"):
+            with pytest.raises(ModelLoadError) as err:
+                hub.get(spec)
+            words.append(str(err.value).replace(spec, "X"))
+    assert not [f for f in opened if "local-model" in f]
+    assert words[0] == words[1], words  # existing or not, the same answer
+    assert words[2].startswith("Could not load 'X': it is not in the server's model cache")
+
+
 def test_cost_curve_cached_on_disk(embedded_lm, tmp_path, monkeypatch):
     import dataclasses
 
@@ -164,7 +193,7 @@ def test_compare_runs_every_method_identical_to_greedy(embedded_lm):
     assert [r["name"] for r in rows] == ["greedy", "TR (auto)", "TR (paper-80)", "PTD", "PLD"]
     assert all(r["output"] == rows[0]["output"] and r["tokens"][-1] == 8 for r in rows)
     table = compare_table(rows)
-    assert table.count("identical to greedy") == 5 and "MAT" in table and "no GPU figures yet" in table
+    assert table.count("identical to greedy") == 5 and "MAT" in table and "one method after the other" in table
     assert len(compare_figure(rows).data) == 10
 
 

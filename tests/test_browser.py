@@ -46,10 +46,12 @@ def test_browser_steps_draw_tree_heatmap_and_counters(launched, tmp_path):  # no
                 before = counters.inner_text()
             expect(page.locator("#tree-plot")).not_to_have_text(tree_before, timeout=30_000)
             assert "identical to greedy" in page.locator("#counters").inner_text()
-            title = re.search(r"step (\d+) · .*\((\d+) nodes\)", page.locator("#tree-plot").inner_text())
+            title = re.search(r"Step (\d+): the draft tree.*?, (\d+) from the matrix(?: \+ (\d+) from prompt lookup)?",
+                              page.locator("#tree-plot").inner_text())
             assert title and title.group(1) == "4"
+            drafted = int(title.group(2)) + int(title.group(3) or 0)
             # every drafted node, the root and the bonus token are drawn as points
-            assert page.locator("#tree-plot .js-plotly-plot .point").count() == int(title.group(2)) + 2
+            assert page.locator("#tree-plot .js-plotly-plot .point").count() == drafted + 2
             assert page.locator("#matrix-heatmap .js-plotly-plot").inner_text().strip()
             assert page.locator("#output-text .tok").count() >= 4, page.locator("#output-text").inner_html()[:3000]
             # Play steps on Gradio's timer until paused
@@ -70,8 +72,9 @@ def test_browser_steps_draw_tree_heatmap_and_counters(launched, tmp_path):  # no
             expect(page.locator("#play")).to_have_text("▶ Play", timeout=10_000)
             expect(idle).to_have_count(0, timeout=60_000)
             target = SCREENSHOT if os.environ.get("UPDATE_SCREENSHOT") else tmp_path / "app.png"
+            page.set_viewport_size({"width": 1280, "height": 800})  # the README's view: tree and matrix in it
             page.wait_for_timeout(500)
-            page.screenshot(path=str(target), full_page=True)
+            page.screenshot(path=str(target))
             assert target.stat().st_size > 10_000
         finally:
             browser.close()

@@ -215,6 +215,8 @@ def _source(spec: str | None) -> tuple[str, dict, str]:
         if not p.is_file():
             raise ModelLoadError(f"No GGUF file at {spec!r}.")
         return str(p.parent), {"gguf_file": p.name}, p.name
+    if spec.startswith(("/", "./", "../", "~")) and not p.is_dir():
+        raise ModelLoadError(f"No model folder at {spec!r}.")
     return spec, {}, spec
 
 
