@@ -77,19 +77,23 @@ def compare_handler(hub, cap: int):
     """The Compare tab's button: the prompt and settings in, the chart and table out (words on a refusal)."""
     import gradio as gr
 
-    from .session import UserError
+    from tr_core.decoders import DecodeError
+
+    from .session import UserError, check_prompt
 
     def compare(prompt, model, max_new, progress=gr.Progress()):
         try:
-            if not prompt or not str(prompt).strip():
-                raise UserError("The prompt is empty: type something or pick an example.")
+            check_prompt(prompt)
             if not 1 <= int(max_new or 0) <= cap:
                 raise UserError(f"Max new tokens must be between 1 and {cap}.")
             try:
                 lm = hub.get(model)
             except Exception as err:
                 raise UserError(str(err)) from None
-            rows = compare_methods(lm, str(prompt), int(max_new), progress)
+            try:
+                rows = compare_methods(lm, str(prompt), int(max_new), progress)
+            except DecodeError as err:  # e.g. a prompt too long for the model's context
+                raise UserError(str(err)) from None
         except UserError as err:
             gr.Warning(str(err))
             return gr.skip(), f"<div class='status warn'>⚠️ {html.escape(str(err))}</div>"

@@ -123,10 +123,7 @@ class Session:
 
     def begin(self, hub: ModelHub, prompt: str, s: Settings, cap: int) -> Race:
         """A new race on ``prompt`` (returned); the matrix carries over when hot start is on."""
-        if not prompt or not prompt.strip():
-            raise UserError("The prompt is empty: type something or pick an example.")
-        if len(prompt) > MAX_PROMPT_CHARS:
-            raise UserError(f"The prompt is {len(prompt):,} characters; the limit is {MAX_PROMPT_CHARS:,}.")
+        check_prompt(prompt)
         s.validate(cap)
         try:
             lm = hub.get(s.model)
@@ -227,6 +224,14 @@ class Session:
         self.reset()
         self.replay = RunView.of_run(run)
         self.shown = 1
+
+
+def check_prompt(prompt) -> None:
+    """Refuse an empty or over-long prompt with words a visitor can act on."""
+    if not prompt or not str(prompt).strip():
+        raise UserError("The prompt is empty: type something or pick an example.")
+    if len(prompt) > MAX_PROMPT_CHARS:
+        raise UserError(f"The prompt is {len(prompt):,} characters; the limit is {MAX_PROMPT_CHARS:,}.")
 
 
 def run_header(lm: LoadedModel, prompt: str, s: Settings, prompt_ids: list[int]) -> dict:

@@ -21,6 +21,9 @@ from tr_core.planner import CostCurve, cost_curve_for
 from tr_core.precision import precision_mode
 
 
+CURVE_FORMAT = 2  # 2: the cache part (per_cache, prefix) is kept too
+
+
 def cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "token-recycling"
 
@@ -31,7 +34,8 @@ def curve_path(lm) -> Path:
         device += ":" + torch.cuda.get_device_name(lm.device)
     else:
         device += f":{platform.machine()}:{os.cpu_count()}"
-    key = json.dumps([lm.name, lm.fingerprint, device, str(lm.dtype), torch.__version__, bool(lm.prepacked)])
+    key = json.dumps([CURVE_FORMAT, lm.name, lm.fingerprint, device, str(lm.dtype), torch.__version__,
+                      bool(lm.prepacked)])
     return cache_dir() / f"cost-curve-{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
 
 
@@ -41,7 +45,8 @@ def load_cached_curve(lm) -> bool:
         return True
     try:
         doc = json.loads(curve_path(lm).read_text())
-        lm.cost_curve = CostCurve([int(q) for q in doc["lengths"]], [float(s) for s in doc["seconds"]])
+        lm.cost_curve = CostCurve([int(q) for q in doc["lengths"]], [float(s) for s in doc["seconds"]],
+                                  per_cache=float(doc["per_cache"]), prefix=int(doc["prefix"]))
         return True
     except (OSError, ValueError, KeyError, TypeError):
         return False
@@ -53,7 +58,8 @@ def save_curve(lm) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps({"model": lm.name, "device": str(lm.device), "dtype": str(lm.dtype),
-                                   "lengths": lm.cost_curve.lengths, "seconds": lm.cost_curve.seconds}))
+                                   "lengths": lm.cost_curve.lengths, "seconds": lm.cost_curve.seconds,
+                                   "per_cache": lm.cost_curve.per_cache, "prefix": lm.cost_curve.prefix}))
         tmp.replace(path)
     except OSError:
         pass  # a read-only home: measured again next start

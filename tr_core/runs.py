@@ -26,6 +26,7 @@ FORMAT = "token-recycling-run"
 VERSION = 1
 MAX_BYTES = 32 * 1024 * 1024  # a 256-token paper-80 run is about 3 MB
 MAX_STEPS = 4096
+MAX_TREE_NODES = 1024  # per step: the largest tree (512 nodes) plus lookup and PTD's draft nodes, with room
 
 
 class RunFileError(ValueError):
@@ -101,6 +102,8 @@ def read_run(data: bytes | str) -> Run:
 def _run_from_doc(doc: dict) -> Run:
     header = doc["header"]
     _need(isinstance(header, dict) and isinstance(header.get("prompt", ""), str), "header")
+    _need(all(isinstance(header.get(k, ""), str) for k in ("model", "dtype", "device", "template", "method"))
+          and isinstance(header.get("settings", {}), dict), "header fields")
     if header.get("divergence") is not None:
         header["divergence"] = _divergence(header["divergence"])
     raw_steps = doc["steps"]
@@ -147,6 +150,7 @@ def _tree(d: dict) -> DraftTree:
     t = DraftTree(_ints(d["tokens"]), _ints(d["parents"]), _ints(d["depths"]), _ints(d["ranks"]),
                   [str(s) for s in d.get("sources", [])])
     n = len(t.tokens)
+    _need(n <= MAX_TREE_NODES, "tree size")
     _need(len(t.parents) == len(t.depths) == n and len(t.ranks) in (0, n), "tree lengths")
     _need(all(p < i for i, p in enumerate(t.parents)) and (n == 0 or t.parents[0] == -1), "tree parents")
     _need(not t.sources or len(t.sources) == n, "tree sources")
@@ -184,19 +188,21 @@ def record_run(lm, prompt: str, decoder, greedy, settings: dict | None = None) -
 
 def save_runs(folder, lm, prompts, specs, max_new_tokens: int) -> list[str]:
     """``python -m tr_core.bench ... --save-runs DIR``: one run file per prompt and method (the
-    bench's ``MethodSpec``s; greedy itself is the baseline, not saved), named by question and method."""
+    bench's ``MethodSpec``s with step decoders; the greedy baselines are not saved), named by question
+    and method."""
     from pathlib import Path
 
-    from .decoders import GreedyDecoder
+    from .decoders import Decoder, GreedyDecoder
 
     out = Path(folder)
     out.mkdir(parents=True, exist_ok=True)
     written = []
     for p in prompts:
         for spec in specs:
-            if spec.name == "greedy":
-                continue
-            run = record_run(lm, p.text, spec.make(lm, max_new_tokens), GreedyDecoder(lm, max_new_tokens),
+            decoder = spec.make(lm, max_new_tokens)
+            if not isinstance(decoder, Decoder) or isinstance(decoder, GreedyDecoder):
+                continue  # the baselines (greedy, its A/A copy) and generate()-based peers have no steps
+            run = record_run(lm, p.text, decoder, GreedyDecoder(lm, max_new_tokens),
                              {"method": spec.name, "tree": getattr(spec, "tree", None) or "",
                               "max_new_tokens": max_new_tokens})
             path = out / f"{p.question_id}-{spec.name}.json".replace("/", "_")

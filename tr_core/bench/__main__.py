@@ -14,7 +14,7 @@ from ..models import ModelLoadError, load_model
 from ..sampling import SamplingConfig
 from ..trees import TreeError
 from ..prepack import kernel_choice
-from .data import SPLITS, load_prompts
+from .data import EVAL_PER_CATEGORY, SPLITS, load_prompts
 from .harness import parse_methods, run_benchmark
 from .peers import load_untouched
 from .report import format_table, summarize, write_chart, write_csv
@@ -79,6 +79,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.max_new_tokens < 1 or args.limit < 1:
         ap.error("--max-new-tokens and --limit must be at least 1")
     offset = SPLITS[args.split] if args.offset is None else args.offset
+    if offset < EVAL_PER_CATEGORY and (offset + args.limit > EVAL_PER_CATEGORY or args.no_group):
+        print(f"WARNING: past the first {EVAL_PER_CATEGORY} questions of a category (or with --no-group, which "
+              "counts MT-bench's subcategories apart) these prompts include the calibration split that "
+              "python -m tr_core.bench.calibrate learns from, when this is that file.", file=sys.stderr)
     try:
         prompts = load_prompts(args.prompts, args.limit, group=not args.no_group, offset=offset)
         if not prompts:

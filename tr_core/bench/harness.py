@@ -146,7 +146,8 @@ def _explain(lm: LoadedModel, ids: list[int], reference: list[int], dec, out: li
         if done > pos:
             size = s.forward_tokens
             break
-    return explain_divergence(lm, ids, reference, out, size).to_json()
+    div = explain_divergence(lm, ids, reference, out, size)
+    return div.to_json() if div is not None else {}  # None: the reference stopped first
 
 
 def _timed_generate(dec, ids: list[int]) -> tuple[list[int], float]:

@@ -14,8 +14,10 @@ def load_untouched(spec: str | None, device: torch.device, dtype: torch.dtype) -
     """A second copy of model ``spec``, as ``AutoModelForCausalLM.from_pretrained`` gives it."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from ..models import _source
+    from ..models import EMBEDDED, HUB_FALLBACK, _source, embedded_installed
 
+    if spec in (None, "", EMBEDDED) and not embedded_installed():
+        spec = HUB_FALLBACK  # where load_model took the default model from
     path, extra, name = _source(spec)
     tokenizer = AutoTokenizer.from_pretrained(path, **extra)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **extra).to(device).eval()
