@@ -185,9 +185,16 @@ def wire(demo: gr.Blocks, h: Handlers, session, ui: dict, cmp: dict, hub: ModelH
     s["load_matrix"].upload(h.load_matrix, [s["load_matrix"], *settings_inputs, session], views, **model)
     cmp["go"].click(gpu_task(compare_handler(hub, cap)), [ui["prompt"], s["model"], s["max_new"]],
                     [cmp["plot"], cmp["table"]], **model)
-    demo.load(lambda progress=gr.Progress(): warm_or_say(hub, progress), None, ui["status"], **model)
+    demo.load(gpu_task(warm_or_say_handler(hub)), None, ui["status"], **model)
     demo.load(lambda: h.render(h.session(None, None))[1:-1], None, views[1:-1])  # not the status: warm-up's
     demo.unload(h.on_unload)
+
+
+def warm_or_say_handler(hub: ModelHub):
+    """The page-load handler: the model and its cost curve (on the GPU, on ZeroGPU)."""
+    def warm_up(progress=gr.Progress()) -> str:
+        return warm_or_say(hub, progress)
+    return warm_up
 
 
 def warm_or_say(hub: ModelHub, progress) -> str:

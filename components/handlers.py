@@ -97,6 +97,8 @@ class Handlers:
             yield self.render(sess)
             while not sess.closed and not sess.stop and sess.race is race and not race.done:
                 sess.advance(race)
+                if sess.race is not race:
+                    return  # Reset meanwhile: its own redraw ("Reset.") stands
                 yield self.render(sess)
             if sess.stop and sess.race is race:
                 yield self.render(sess, "Stopped: Step or Run to end go on from here.")

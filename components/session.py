@@ -171,7 +171,7 @@ class Session:
         return race
 
     def reset(self) -> None:
-        self.race, self.started_with, self.message = None, None, ""
+        self.race, self.started_with, self.message = None, None, "Reset."  # until the next step says more
         self.replay, self.header, self.shown, self.frame, self.picked = None, None, None, 0, None
 
     def close(self) -> bool:

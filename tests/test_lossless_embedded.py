@@ -44,12 +44,13 @@ def test_token_recycling_is_lossless(embedded_lm, references, tree, min_accepted
 
 
 def test_progressive_tree_drafting_is_lossless(embedded_lm, references):
-    """PTD with the paper's defaults: candidates verified with the draft tree riding along."""
+    """PTD with the paper's settings (the most drafting): candidates verified with the draft tree riding along."""
     from tr_core.decoders import ProgressiveTreeDecoder
+    from tr_core.ptd import PTDConfig
 
     candidates = 0
     for prompt in PROMPTS:
-        dec = ProgressiveTreeDecoder(embedded_lm, NEW_TOKENS)
+        dec = ProgressiveTreeDecoder(embedded_lm, NEW_TOKENS, config=PTDConfig.paper())
         assert dec.generate(embedded_lm.encode_prompt(prompt)) == references[prompt], f"mismatch on {prompt!r}"
         candidates += sum(s.tree.size for s in dec.steps)
     assert candidates > 0, "the tries never offered a candidate: the harvest is not working"

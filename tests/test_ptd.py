@@ -95,12 +95,13 @@ def test_harvest_keys_ngrams_by_first_token_and_caps_tries():
 
 
 def test_ptd_equals_generate_and_accepts_drafts(tiny_lm):
-    decoders = decode_losslessly(tiny_lm, lambda: ProgressiveTreeDecoder(tiny_lm, max_new_tokens=40), PROMPTS, 40)
+    decoders = decode_losslessly(tiny_lm, lambda: ProgressiveTreeDecoder(tiny_lm, max_new_tokens=40, config=PTDConfig.paper()),
+                                  PROMPTS, 40)
     assert sum(s.accepted_drafts for d in decoders for s in d.steps) > 0, "the tiny model repeats itself; PTD should accept some candidates"
 
 
 def test_ptd_step_record_shows_verified_and_draft_trees(tiny_lm):
-    dec = ProgressiveTreeDecoder(tiny_lm, max_new_tokens=30)
+    dec = ProgressiveTreeDecoder(tiny_lm, max_new_tokens=30, config=PTDConfig.paper())  # drafts whatever the costs
     dec.start(PROMPTS[2])
     saw_candidates = saw_new = False
     while not dec.done:
@@ -120,7 +121,7 @@ def test_ptd_step_record_shows_verified_and_draft_trees(tiny_lm):
 
 
 def test_ptd_state_starts_afresh_for_every_prompt(tiny_lm):
-    dec = ProgressiveTreeDecoder(tiny_lm, max_new_tokens=20)
+    dec = ProgressiveTreeDecoder(tiny_lm, max_new_tokens=20, config=PTDConfig.paper())
     dec.generate(PROMPTS[2])
     assert len(dec.tries) > 0
     dec.start([7])  # a one-token prompt has no prefill, but still a fresh state

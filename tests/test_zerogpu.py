@@ -45,4 +45,7 @@ def test_the_app_puts_its_model_work_under_spaces_gpu(monkeypatch):
     from components.model_hub import ModelHub
 
     build_app(ModelHub())
-    assert sorted(wrapped) == ["do_run", "do_step", "warm_up"]
+    # step, run, Play's tick and Teach mode's next frame (which steps after the last frame) decode;
+    # compare runs every method; warm_up loads the model and times its forwards.  History, replay,
+    # run files, settings and reset never touch the model and stay off the GPU.
+    assert sorted(wrapped) == ["compare", "next_frame", "run", "step", "tick", "warm_up"]
