@@ -80,9 +80,11 @@ def test_bench_command_writes_json_csv_and_chart(tmp_path, tiny_lm, capsys):
     out = tmp_path / "out.json"
     rc = main(["--prompts", str(f), "--limit", "2", "--methods", "greedy,tr:tr-16,tr:chain-3+pld4,pld",
                "--max-new-tokens", "12", "--model", str(folder), "--json", str(out), "--csv", str(tmp_path / "o.csv"),
-               "--chart", str(tmp_path / "chart.html"), "--quiet", "--warmup", "1"])
+               "--chart", str(tmp_path / "chart.html"), "--quiet", "--warmup", "1", "--save-runs", str(tmp_path / "runs")])
     assert rc == 0
     summary = json.loads(out.read_text())
+    saved = sorted(x.name.split("-", 1)[1] for x in (tmp_path / "runs").iterdir())  # step decoders only
+    assert saved == sorted(["tr:tr-16.json", "tr:chain-3+pld4.json", "pld.json"] * 4)
     methods = summary["methods"]
     assert list(methods) == ["greedy", "greedy-aa", "hf-greedy", "tr:tr-16", "tr:chain-3+pld4", "pld"]
     for name, m in methods.items():
