@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
-from tr_core.runs import Run, make_run
+from tr_core.runs import Run, make_run, special_ids
 from tr_core.trace import Step
 
 METHOD_LABELS = {"tr": "Token Recycling", "ptd": "Progressive Tree Drafting", "pld": "Prompt lookup",
@@ -96,8 +96,3 @@ class RunView:
                 return s.index
         return len(self.steps)
 
-
-def special_ids(lm) -> set[int]:
-    tok = lm.tokenizer
-    ids = set(getattr(tok, "all_special_ids", []) or [])
-    return ids | set(lm.eos_token_ids)

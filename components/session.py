@@ -11,7 +11,7 @@ from tr_core.decoders import DecodeError, ProgressiveTreeDecoder
 from tr_core.models import LoadedModel, ModelLoadError
 from tr_core.planner import TreePlanner
 from tr_core.sampling import SamplingConfig
-from tr_core.runs import Run
+from tr_core.runs import Run, run_header
 from tr_core.trees import TreeError, list_presets
 
 from .model_hub import ModelHub
@@ -144,7 +144,7 @@ class Session:
         except (DecodeError, TreeError, ValueError, OSError) as err:
             raise UserError(str(err)) from None
         self.race, self.prompt, self.started_with = race, prompt, (prompt, s)
-        self.header = run_header(lm, prompt, s, race.decoder.prompt)
+        self.header = run_header(lm, s.method, asdict(s), prompt, race.decoder.prompt)
         self.replay = None
         return race
 
@@ -232,9 +232,3 @@ def check_prompt(prompt) -> None:
         raise UserError("The prompt is empty: type something or pick an example.")
     if len(prompt) > MAX_PROMPT_CHARS:
         raise UserError(f"The prompt is {len(prompt):,} characters; the limit is {MAX_PROMPT_CHARS:,}.")
-
-
-def run_header(lm: LoadedModel, prompt: str, s: Settings, prompt_ids: list[int]) -> dict:
-    return {"model": lm.name, "dtype": str(lm.dtype).replace("torch.", ""), "device": str(lm.device),
-            "template": lm.template, "attention": lm.layout.describe(), "method": s.method, "settings": asdict(s), "prompt": prompt,
-            "prompt_ids": list(prompt_ids)}

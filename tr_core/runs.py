@@ -168,6 +168,18 @@ def _need(ok, what: str) -> None:
         raise ValueError(f"bad {what}")
 
 
+def run_header(lm, method: str, settings: dict, prompt: str, prompt_ids: list[int]) -> dict:
+    """What a run file says about where it was recorded (see the module doc)."""
+    return {"model": lm.name, "dtype": str(lm.dtype).replace("torch.", ""), "device": str(lm.device),
+            "template": lm.template, "attention": lm.layout.describe(), "method": method, "settings": settings,
+            "prompt": prompt, "prompt_ids": list(prompt_ids)}
+
+
+def special_ids(lm) -> set[int]:
+    """The tokens shown as a marked end rather than as text: the tokenizer's special ones and EOS."""
+    return set(getattr(lm.tokenizer, "all_special_ids", []) or []) | set(lm.eos_token_ids)
+
+
 def record_run(lm, prompt: str, decoder, greedy, settings: dict | None = None) -> Run:
     """Run ``decoder`` to the end on ``prompt`` with ``greedy`` catching up after each step, as the app's
     race does (``tr_core.race``), and return the run (header, steps, greedy's progress, both outputs, token texts)."""
@@ -176,14 +188,11 @@ def record_run(lm, prompt: str, decoder, greedy, settings: dict | None = None) -
     race.start(ids)
     while not race.done:
         race.step()
-    header = {"model": lm.name, "dtype": str(lm.dtype).replace("torch.", ""), "device": str(lm.device),
-              "template": lm.template, "attention": lm.layout.describe(),
-              "method": decoder.method, "settings": dict(settings or {}), "prompt": prompt, "prompt_ids": ids}
+    header = run_header(lm, decoder.method, dict(settings or {}), prompt, ids)
     if race.divergence is not None:
         header["divergence"] = race.divergence.to_json()
-    special = set(getattr(lm.tokenizer, "all_special_ids", []) or []) | set(lm.eos_token_ids)
     return make_run(header, decoder.steps, race.baseline, {"method": decoder.output, "baseline": greedy.output},
-                    lm.token_text, special)
+                    lm.token_text, special_ids(lm))
 
 
 def save_runs(folder, lm, prompts, specs, max_new_tokens: int) -> list[str]:
