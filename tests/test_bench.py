@@ -1,4 +1,5 @@
 """The benchmark command end to end on the tiny model saved to a folder."""
+import pytest
 import csv
 import json
 
@@ -62,6 +63,22 @@ def test_speedup_is_over_the_fastest_greedy_with_a_bootstrap_interval():
     assert wide[0] < wide[1]
 
 
+def test_tr_is_read_head_to_head_against_prompt_lookup_in_every_category():
+    from tr_core.bench.report import format_table, summarize
+
+    greedy = [1.0, 2.0, 1.5, 1.2]
+    runs = fake_runs("greedy", greedy) + fake_runs("tr", [s / 2 for s in greedy])
+    pld = fake_runs("hf-pld", [s / 2.5 for s in greedy])
+    pld[1].seconds = greedy[1] / 1.6  # one prompt of the second category copies well
+    for r in runs + pld:
+        r.category = "ab"[int(r.question_id) % 2]
+    summary = summarize(runs + pld)
+    v = summary["versus"]["tr / hf-pld"]
+    assert v["per_category"]["a"] == pytest.approx(0.8) and v["per_category"]["b"] > 1.0
+    assert v["worst"] == ["a", pytest.approx(0.8)] and v["ci"][0] <= v["ratio"] <= v["ci"][1]
+    assert "tr / hf-pld" in format_table(summary) and "lowest category a 0.80x" in format_table(summary)
+
+
 def test_an_aa_pair_outside_its_band_warns_that_the_machine_was_busy():
     from tr_core.bench.report import format_table, summarize
 
@@ -78,7 +95,7 @@ def test_bench_command_writes_json_csv_and_chart(tmp_path, tiny_lm, capsys):
     f = tmp_path / "q.jsonl"
     write_prompts(f)
     out = tmp_path / "out.json"
-    rc = main(["--prompts", str(f), "--limit", "2", "--methods", "greedy,tr:tr-16,tr:chain-3+pld4,pld",
+    rc = main(["--prompts", str(f), "--limit", "2", "--methods", "greedy,tr:tr-16,tr:chain-3+pld4,pld,hf-pld,hf-pld:same",
                "--max-new-tokens", "12", "--model", str(folder), "--json", str(out), "--csv", str(tmp_path / "o.csv"),
                "--chart", str(tmp_path / "chart.html"), "--quiet", "--warmup", "1", "--save-runs", str(tmp_path / "runs")])
     assert rc == 0
@@ -86,7 +103,8 @@ def test_bench_command_writes_json_csv_and_chart(tmp_path, tiny_lm, capsys):
     saved = sorted(x.name.split("-", 1)[1] for x in (tmp_path / "runs").iterdir())  # step decoders only
     assert saved == sorted(["tr:tr-16.json", "tr:chain-3+pld4.json", "pld.json"] * 4)
     methods = summary["methods"]
-    assert list(methods) == ["greedy", "greedy-aa", "hf-greedy", "tr:tr-16", "tr:chain-3+pld4", "pld"]
+    assert list(methods) == ["greedy", "greedy-aa", "hf-greedy", "tr:tr-16", "tr:chain-3+pld4", "pld", "hf-pld",
+                             "hf-pld:same"]
     for name, m in methods.items():
         assert m["identical"] == 1.0, name
         assert m["prompts"] == 4 and m["new_tokens"] > 0
@@ -98,8 +116,13 @@ def test_bench_command_writes_json_csv_and_chart(tmp_path, tiny_lm, capsys):
     assert lo <= methods["tr:tr-16"]["speedup"] <= hi
     assert methods["tr:tr-16"]["mean_forward_tokens"] == 17.0
     assert summary["meta"]["trees"]["tr:tr-16"] == "tr-16 (16 nodes)"
+    trees = summary["meta"]["trees"]
+    assert summary["meta"]["peers"] == "untouched" and "untouched" in trees["hf-greedy"] and "untouched" in trees["hf-pld"]
+    assert "same model" in trees["hf-pld:same"]  # prompt lookup on our kernels: the algorithms compared alone
+    versus = summary["versus"]
+    assert set(versus) == set()  # no plain "tr" row in this run: nothing to read head to head
     rows = list(csv.DictReader(open(tmp_path / "o.csv")))
-    assert {r["category"] for r in rows} == {"overall", "mt_bench", "qa"} and len(rows) == 6 * 3
+    assert {r["category"] for r in rows} == {"overall", "mt_bench", "qa"} and len(rows) == 8 * 3
     assert (tmp_path / "chart.html").stat().st_size > 1000
     printed = capsys.readouterr().out
     assert "speedup" in printed and "mt_bench" in printed
@@ -123,9 +146,13 @@ def test_bench_runs_ptd_second_turns_and_sampling(tmp_path, tiny_lm, capsys):
         {"question_id": "2", "category": "qa", "turns": ["w7 w8 w7 w8"]}]))
     out = tmp_path / "out.json"
     common = ["--prompts", str(f), "--max-new-tokens", "10", "--model", str(folder), "--quiet", "--json", str(out)]
-    assert main([*common, "--methods", "greedy,ptd,ptd:8x8,tr,tr:uniform,ptd:paper", "--turns", "2"]) == 0
+    assert main([*common, "--methods", "greedy,ptd,ptd:8x8,tr,tr:uniform,ptd:paper,hf-pld", "--turns", "2",
+                 "--peers", "same"]) == 0
     methods = json.loads(out.read_text())["methods"]
-    assert list(methods) == ["greedy", "greedy-aa", "hf-greedy", "ptd", "ptd:8x8", "tr", "tr:uniform", "ptd:paper"]
+    meta = json.loads(out.read_text())["meta"]
+    assert meta["peers"] == "same" and "same model" in meta["trees"]["hf-pld"]  # no second copy loaded
+    assert list(methods) == ["greedy", "greedy-aa", "hf-greedy", "ptd", "ptd:8x8", "tr", "tr:uniform", "ptd:paper",
+                             "hf-pld"]
     trees = json.loads(out.read_text())["meta"]["trees"]
     assert "uniform priors" in trees["tr:uniform"] and "cost-aware" in trees["ptd"] and "cost" not in trees["ptd:paper"]
     for m in methods.values():
@@ -182,17 +209,33 @@ def test_gpu_bundle_travels_a_lossy_model_that_loads_and_benchmarks(tmp_path, ti
 
 
 def test_lookup_prior_is_replayed_from_known_outputs():
-    from tr_core.bench.calibrate import lookup_acceptance
+    from tr_core.bench.calibrate import MIN_TRIALS, PSEUDO_TRIALS, lookup_acceptance
+    from tr_core.planner import ChainStats
 
     prompt = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]
     out = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]  # copies the prompt, then leaves it
-    table = lookup_acceptance([prompt] * 6, [out] * 6, span=12)
+    n = MIN_TRIALS
+    table = lookup_acceptance([prompt] * n, [out] * n, span=12)
     # t=0: "10" occurs nowhere earlier, no continuation; one token committed.  t=1: "1" continues as
     # 2..10, 1 against 2..10, 11: nine accepted, the tenth not; then nothing matches "11" or "12".
-    assert table["1"]["cold"] == [1.0] * 9 + [0.0, None, None]
+    geo = [ChainStats.PRIOR_RATE[1] ** (i + 1) for i in range(10)]
+    expect = [(n * hit + PSEUDO_TRIALS * g) / (n + PSEUDO_TRIALS) for hit, g in zip([1] * 9 + [0], geo)]
+    assert table["1"]["cold"][:10] == pytest.approx(expect, abs=1e-4) and table["1"]["cold"][10:] == [None, None]
+    assert 0 < table["1"]["cold"][9] < 0.001  # a miss seen 20 times: small, but never a hard zero
     assert table["1"]["hot"] == [None] * 12 and table["3"] == {"cold": [None] * 12, "hot": [None] * 12}
-    copy = lookup_acceptance([prompt + prompt] * 6, [prompt + prompt] * 6, span=4)  # copying throughout
-    assert copy["3"]["hot"] == [1.0] * 4  # after a run of 4, the next continuation is hot
+    few = lookup_acceptance([prompt] * (n - 1), [out] * (n - 1), span=12)
+    assert few["1"]["cold"] == [None] * 12  # too few observations: no prior (the geometric one holds)
+    copy = lookup_acceptance([prompt + prompt] * n, [prompt + prompt] * n, span=4)  # copying throughout
+    assert all(r > 0.9 for r in copy["3"]["hot"])  # after a run of 4, the next continuation is hot
+
+
+def test_zero_priors_are_floored_so_nothing_is_shut_for_good():
+    from tr_core.planner import RATE_FLOOR, ChainStats
+
+    stats = ChainStats(prior={(2, True, 1): 0.0})
+    assert stats.estimate(2, 1, hot=True) == pytest.approx(RATE_FLOOR)
+    stats.record(2, 2, 2, hot=True)  # offered and accepted once: the estimate moves off the floor
+    assert stats.estimate(2, 1, hot=True) > 0.1
 
 
 def test_presets_grow_best_first_from_the_rates():

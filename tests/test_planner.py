@@ -1,6 +1,6 @@
 import pytest
 
-from tr_core.planner import AcceptanceStats, CostCurve, plan_tree
+from tr_core.planner import RATE_FLOOR, AcceptanceStats, CostCurve, plan_tree
 from tr_core.trees import TreeShape, load_tree
 
 UNIVERSE = TreeShape.from_paths([[0], [1], [0, 0]])
@@ -40,10 +40,10 @@ def test_children_only_after_their_parent():
 
 def test_statistics_shrink_towards_the_prior_and_move_with_evidence():
     stats = AcceptanceStats(UNIVERSE, {(0,): 0.5}, weight=10, decay=1.0)
-    assert stats.estimate((0,)) == 0.5 and stats.estimate((1,)) == 0.0
+    assert stats.estimate((0,)) == 0.5 and stats.estimate((1,)) == RATE_FLOOR  # no prior: the floor, never 0
     for _ in range(30):
         stats.record(UNIVERSE, [(1,)])
-    assert stats.estimate((1,)) == pytest.approx(30 / 40)
+    assert stats.estimate((1,)) == pytest.approx((30 + 10 * RATE_FLOOR) / 40)
     assert stats.estimate((0,)) == pytest.approx(5 / 40)
 
 

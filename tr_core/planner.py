@@ -22,9 +22,13 @@ from .trees import PRESET_DIR, TreeShape, load_tree, tree_prior
 
 UNIFORM_RATE = 0.1  # the "no priors" ablation: every node of the universe starts at this rate
 
+RATE_FLOOR = 0.002  # no prior is taken below this: a hard 0 would mean "never draft this again"
+
+
 class DecayedRates:
     """Trials and hits per key, faded by ``decay`` at every count and shrunk towards a prior that
-    counts as ``weight`` trials (the shared mechanics of the planner's statistics)."""
+    counts as ``weight`` trials (the shared mechanics of the planner's statistics).  Priors below
+    ``RATE_FLOOR`` count as ``RATE_FLOOR``."""
 
     weight: float
     decay: float
@@ -42,6 +46,7 @@ class DecayedRates:
             self.hits[key] = self.hits.get(key, 0.0) + 1.0
 
     def rate(self, key, prior: float) -> float:
+        prior = max(prior, RATE_FLOOR)
         return (self.hits.get(key, 0.0) + self.weight * prior) / (self.trials.get(key, 0.0) + self.weight)
 
 

@@ -54,7 +54,8 @@ class KernelChoice:
 
 
 class PackedLinear(torch.nn.Module):
-    """``y = x W^T + b`` with ``W`` [out, in] held twice: as given and in oneDNN's reordered layout."""
+    """``y = x W^T + b`` with ``W`` [out, in] held twice: as given and in oneDNN's reordered layout
+    (the packed copy is freed by :func:`drop_unused` when no forward size uses it)."""
 
     def __init__(self, linear: torch.nn.Linear, choice: KernelChoice, batch_hint: int = 8):
         super().__init__()
@@ -102,6 +103,20 @@ def choose_kernels(model: torch.nn.Module, choice: KernelChoice, rows=KERNEL_ROW
     choice.rows, choice.packed = list(rows), [best[q, True] < best[q, False] for q in rows]
 
 
+def drop_unused(model: torch.nn.Module) -> int:
+    """Free the packed copies where the kernel choice never uses them (plain kernels won at every
+    size); returns the bytes freed.  The plain weight always stays: it may be tied to the input
+    embedding, and it is what ``state_dict`` and every other reader of the model see."""
+    choice, freed = kernel_choice(model), 0
+    if choice is None or any(choice.packed):
+        return 0
+    for m in model.modules():
+        if isinstance(m, PackedLinear) and m.packed is not None:
+            freed += m.weight.numel() * m.weight.element_size()
+            m.packed = None
+    return freed
+
+
 def prepack_linears(model: torch.nn.Module, batch_hint: int = 8, measure: bool = True) -> int:
     """Replace every ``nn.Linear`` of an inference-only CPU ``model`` in place; returns how many.
     ``measure``: then pick the kernel per forward size by timing (:func:`choose_kernels`); else
@@ -117,4 +132,5 @@ def prepack_linears(model: torch.nn.Module, batch_hint: int = 8, measure: bool =
                 count += 1
     if count and measure:
         choose_kernels(model, choice)
+        drop_unused(model)
     return count

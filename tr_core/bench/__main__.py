@@ -32,7 +32,7 @@ def run_meta(args, lm, specs, sampling, offset: int) -> dict:
             "torch": torch.__version__, "transformers": transformers.__version__,
             "machine": f"{platform.machine()} {platform.processor() or ''} threads={torch.get_num_threads()}".strip(),
             "gpu": torch.cuda.get_device_name(lm.device) if lm.device.type == "cuda" else None,
-            "prompts_file": str(args.prompts), "offset": offset, "limit": args.limit, "max_new_tokens": args.max_new_tokens,
+            "peers": args.peers, "prompts_file": str(args.prompts), "offset": offset, "limit": args.limit, "max_new_tokens": args.max_new_tokens,
             "turns": args.turns, "template": lm.template, "attention": lm.layout.describe(), "sampling": None if sampling is None else vars(sampling), "matrix_shape": [lm.vocab_size, args.k],
             "matrix_bytes": lm.vocab_size * args.k * 4,
             "trees": {s.name: s.tree for s in specs if s.tree}, "default_tree": default_tree_name(lm.device)}
@@ -72,6 +72,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="2: also run second turns (MT-bench), after greedy's first answer")
     ap.add_argument("--no-prepack", action="store_true",
                     help="keep PyTorch's default CPU linear kernels (see tr_core.prepack)")
+    ap.add_argument("--peers", choices=("untouched", "same"), default="untouched",
+                    help="which model the hf-greedy and hf-pld peers run on: untouched (default): a second copy "
+                         "loaded as transformers loads it, nothing of ours applied (twice the memory); same: the "
+                         "model our decoders run on (our kernels; one copy)")
     ap.add_argument("--quiet", action="store_true", help="no progress bar")
     ap.add_argument("--save-runs", default=None, metavar="DIR",
                     help="also write one run file per prompt and method (the app opens and replays them)")
@@ -90,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
         sampling = (SamplingConfig(args.temperature, args.top_p, args.top_k, args.seed)
                     if args.temperature > 0 else None)
         lm = load_model(args.model, args.device, args.dtype, prepack=not args.no_prepack)
-        plain = load_untouched(args.model, lm.device, lm.dtype)  # for hf-greedy and hf-pld
+        plain = load_untouched(args.model, lm.device, lm.dtype) if args.peers == "untouched" else None
         specs = parse_methods(args.methods, lm, args.tree, args.k, args.lookup, sampling, plain)
     except (OSError, ValueError, ModelLoadError, TreeError) as err:
         print(f"error: {err}", file=sys.stderr)

@@ -33,12 +33,22 @@ from .data import SPLITS, load_prompts
 PRESET_SIZES = (8, 10, 16, 20, 24, 40)
 LOOKUP_SPAN = 24  # continuation positions a lookup prior covers
 UNIVERSE = "paper-80"
+MIN_TRIALS = 20  # fewer observations than this at a lookup position: no prior there (the geometric one holds)
+PSEUDO_TRIALS = 2.0  # how many trials the geometric prior counts as inside a calibrated lookup rate
+
+
+def smoothed(hits: float, trials: float, prior: float, pseudo: float) -> float:
+    """``(hits + pseudo * prior) / (trials + pseudo)``: a rate that is never exactly 0 or 1 from a
+    handful of observations (a hard 0 in a prior would mean "never try this again")."""
+    return (hits + pseudo * prior) / (trials + pseudo)
 
 
 def tree_acceptance(lm, prompts: list[list[int]], universe: TreeShape, max_new_tokens: int):
     """TR on ``universe`` over ``prompts`` (token ids), one hot-started matrix throughout.
 
-    Returns (per-node acceptance rate ``[|universe|]``, steps counted, the outputs)."""
+    Returns (per-node acceptance rate ``[|universe|]``, steps counted, the outputs).  A rate is
+    smoothed by half a hit over one step (Jeffreys), so a node never seen accepted keeps a small
+    chance instead of a hard zero."""
     from ..decoders import TokenRecyclingDecoder
     from ..matrix import AdjacencyMatrix
 
@@ -52,7 +62,7 @@ def tree_acceptance(lm, prompts: list[list[int]], universe: TreeShape, max_new_t
             steps += 1
             for node in step.accepted_path[1:]:
                 hits[node - 1] += 1
-    return [h / max(steps, 1) for h in hits], steps, outputs
+    return [smoothed(h, steps, 0.5, 1.0) for h in hits], steps, outputs
 
 
 def lookup_acceptance(prompts: list[list[int]], outputs: list[list[int]], span: int = LOOKUP_SPAN) -> dict:
@@ -60,8 +70,11 @@ def lookup_acceptance(prompts: list[list[int]], outputs: list[list[int]], span: 
     3..1-gram (up to ``span`` tokens) is matched against the output's next tokens, then the step
     commits the matched tokens and one more, as a verifying forward would.
 
-    Returns ``{"1": {"cold": [rate by position], "hot": [...]}, "2": ..., "3": ...}`` (a rate is
-    None where fewer than 5 continuations reached that position)."""
+    Returns ``{"1": {"cold": [rate by position], "hot": [...]}, "2": ..., "3": ...}``.  A rate is
+    None where fewer than ``MIN_TRIALS`` continuations reached that position (the planner then uses
+    its geometric prior), else shrunk towards that geometric prior by ``PSEUDO_TRIALS``."""
+    from ..planner import ChainStats
+
     import torch
 
     trials: dict = {}
@@ -79,8 +92,9 @@ def lookup_acceptance(prompts: list[list[int]], outputs: list[list[int]], span: 
             if chain:
                 hot = run >= HOT_RUN
             t += run + 1
-    return {str(n): {state: [round(hits[n, h, i] / trials[n, h, i], 4) if trials.get((n, h, i), 0) >= 5 else None
-                             for i in range(span)]
+    geometric = lambda n, i: ChainStats.PRIOR_RATE[n] ** (i + 1)  # noqa: E731
+    return {str(n): {state: [round(smoothed(hits[n, h, i], trials[n, h, i], geometric(n, i), PSEUDO_TRIALS), 6)
+                             if trials.get((n, h, i), 0) >= MIN_TRIALS else None for i in range(span)]
                      for state, h in (("cold", False), ("hot", True))}
             for n in (1, 2, 3)}
 
@@ -101,11 +115,12 @@ def write_presets(universe_file: Path, rates: list[float], lookup: dict, provena
     """Store the rates and lookup prior in the universe's file and (re)write the ``tr-N`` presets."""
     data = json.loads(universe_file.read_text())
     universe = load_tree(UNIVERSE)
-    data["acceptance"] = [round(r, 4) for r in rates]
+    data["acceptance"] = [round(r, 6) for r in rates]
     data["acceptance_note"] = ("Fraction of steps in which each node was accepted (the cost-aware planner's "
                                "prior); learnt by the command in \"calibration\", never on the reported prompts.")
     data["lookup_acceptance"] = lookup
     data["calibration"] = provenance
+    data.pop("lookup_calibration", None)  # an earlier --only lookup run: this one supersedes it
     universe_file.write_text(json.dumps(data) + "\n")
     for size in PRESET_SIZES:
         preset = {"name": f"tr-{size}",

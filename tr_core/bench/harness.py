@@ -85,6 +85,11 @@ def _ptd_spec(name: str, arg: str, lm: LoadedModel, sampling: SamplingConfig | N
     return MethodSpec(name, lambda lm_, n: ProgressiveTreeDecoder(lm_, n, config, sampling, planner), tree=label)
 
 
+def peer_model(plain: LoadedModel | None) -> str:
+    """Which model the ``hf-*`` peers run on, for the report."""
+    return "untouched model" if plain is not None else "the same model as ours (our kernels)"
+
+
 AA_SUFFIX = "-aa"  # the baseline's second copy: the A/A row
 
 
@@ -96,7 +101,7 @@ def baseline_specs(lm: LoadedModel, plain: LoadedModel | None, sampling: Samplin
     specs = [MethodSpec(name, lambda lm_, n: GreedyDecoder(lm_, n, sampling)) for name in (base, base + AA_SUFFIX)]
     if sampling is None:
         specs.append(MethodSpec("hf-greedy", lambda lm_, n: HFGenerate(plain or lm_, n),
-                                tree="generate(do_sample=False), untouched model"))
+                                tree=f"generate(do_sample=False), {peer_model(plain)}"))
     return specs
 
 
@@ -116,9 +121,10 @@ def parse_methods(text: str, lm: LoadedModel, tree: str | None = None, k: int = 
             specs.append(MethodSpec("pld", lambda lm_, n: PromptLookupDecoder(lm_, n, sampling=sampling),
                                     tree="3..1-gram, 10 drafts"))
             continue
-        if base == "hf-pld":
-            specs.append(MethodSpec("hf-pld", lambda lm_, n: HFPromptLookup(plain or lm_, n, sampling=sampling),
-                                    tree="generate(prompt_lookup=10), untouched model"))
+        if base == "hf-pld" and arg in ("", "same"):
+            on = None if arg else plain  # hf-pld:same: on our model, whatever --peers says (same kernels as ours)
+            specs.append(MethodSpec(name, lambda lm_, n, on=on: HFPromptLookup(on or lm_, n, sampling=sampling),
+                                    tree=f"generate(prompt_lookup=10), {peer_model(on)}"))
             continue
         if base == "ptd":
             specs.append(_ptd_spec(name, arg, lm, sampling))
@@ -133,7 +139,7 @@ def parse_methods(text: str, lm: LoadedModel, tree: str | None = None, k: int = 
                 raise ValueError(f"Bad method {name!r}: use tr:TREE+pldN with N a number.") from None
             specs.append(_tr_spec(name, lm, shape, k, n, sampling))
         else:
-            raise ValueError(f"Unknown method {name!r}; known: greedy, hf-greedy, tr, tr:uniform, tr:TREE, tr:TREE+pldN, pld, hf-pld, ptd, ptd:paper, ptd:TxD.")
+            raise ValueError(f"Unknown method {name!r}; known: greedy, hf-greedy, tr, tr:uniform, tr:TREE, tr:TREE+pldN, pld, hf-pld, hf-pld:same, ptd, ptd:paper, ptd:TxD.")
     return specs
 
 

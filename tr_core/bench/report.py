@@ -83,6 +83,27 @@ def aa_check(by_method: dict, band: float = AA_BAND) -> dict | None:
             "ci": speedup_interval(twin, by_method[base]), "band": band, "ok": abs(ratio - 1.0) <= band}
 
 
+HEAD_TO_HEAD = (("tr", ("hf-pld", "hf-pld:same", "pld")),)  # (method, the rivals it is read against)
+
+
+def head_to_head(by_method: dict, cats: list[str]) -> dict:
+    """``{"tr / hf-pld": {"ratio", "ci", "per_category": {cat: ratio}, "worst": [cat, ratio]}, ...}``:
+    a method's tok/s over a rival's, run on the same prompts (the interval bootstrapped as a speedup's)."""
+    out = {}
+    for name, rivals in HEAD_TO_HEAD:
+        for rival in rivals:
+            ours, theirs = by_method.get(name), by_method.get(rival)
+            if not ours or not theirs:
+                continue
+            per = {c: round(_tps([r for r in ours if r.category == c]) / _tps([r for r in theirs if r.category == c]), 4)
+                   for c in cats if any(r.category == c for r in ours) and any(r.category == c for r in theirs)}
+            worst = min(per.items(), key=lambda kv: kv[1]) if per else None
+            out[f"{name} / {rival}"] = {"ratio": round(_tps(ours) / _tps(theirs), 4),
+                                        "ci": speedup_interval(ours, theirs), "per_category": per,
+                                        "worst": list(worst) if worst else None}
+    return out
+
+
 def summarize(runs, meta: dict | None = None) -> dict:
     """``{"meta", "baseline", "aa", "warnings", "methods": {name: {tok_per_s, mat, speedup, speedup_ci,
     identical, per_category: {...}}}}``; every speedup is over ``baseline``, the fastest plain greedy."""
@@ -112,7 +133,8 @@ def summarize(runs, meta: dict | None = None) -> dict:
     warnings = [] if aa is None or aa["ok"] else [
         f"A/A reads {aa['ratio']:.2f}x, outside 1.00x +/- {aa['band']:.0%}: the machine was busy during the "
         "run; its timings are not reliable"]
-    return {"meta": meta or {}, "baseline": base_name, "aa": aa, "warnings": warnings, "methods": methods}
+    return {"meta": meta or {}, "baseline": base_name, "aa": aa, "warnings": warnings, "methods": methods,
+            "versus": head_to_head(by_method, cats)}
 
 
 def ordered_categories(summary: dict) -> list[str]:
@@ -193,6 +215,9 @@ def format_table(summary: dict) -> str:
     if aa:
         verdict = "ok" if aa["ok"] else f"OUTSIDE +/- {aa['band']:.0%}: machine busy, timings unreliable"
         lines.append(f"A/A ({aa['pair'][0]} / {aa['pair'][1]}): {aa['ratio']:.3f}x {_interval(aa['ci'])} {verdict}")
+    for pair, v in summary.get("versus", {}).items():
+        worst = f", lowest category {v['worst'][0]} {v['worst'][1]:.2f}x" if v["worst"] else ""
+        lines.append(f"{pair}: {v['ratio']:.2f}x {_interval(v['ci'])}{worst}")
     cats = ordered_categories(summary)
     if cats:
         lines += ["", "speedup (MAT) per category", f"{'category':<18}" + "".join(f"{n:>22}" for n in methods)]
