@@ -31,13 +31,22 @@ def test_offset_splits_each_category_into_disjoint_parts(tmp_path):
     assert [p.question_id for p in load_prompts(f, limit=1, offset=1)] == ["2", "4"]
 
 
-def test_method_order_rotates_so_each_method_takes_each_place():
-    from tr_core.bench.harness import MethodSpec, rotated
+@pytest.mark.parametrize("m", [2, 3, 4, 5, 9])
+def test_method_order_balances_places_and_predecessors(m):
+    from collections import Counter
 
-    specs = [MethodSpec(n, None) for n in "abc"]
-    orders = [[s.name for s in rotated(specs, n)] for n in range(3)]
-    assert orders == [list("abc"), list("bca"), list("cab")]
-    assert all(sorted(o[i] for o in orders) == list("abc") for i in range(3))
+    from tr_core.bench.harness import MethodSpec, rotated, williams_orders
+
+    specs = [MethodSpec(str(i), None) for i in range(m)]
+    cycle = len(williams_orders(m))
+    assert cycle == (m if m % 2 == 0 else 2 * m)
+    orders = [[int(s.name) for s in rotated(specs, n)] for n in range(cycle)]
+    assert all(sorted(o) == list(range(m)) for o in orders)  # each order runs every method once
+    places = Counter((o[i], i) for o in orders for i in range(m))
+    assert set(places.values()) == {cycle // m}  # every method in every place equally often
+    follows = Counter((o[i], o[i + 1]) for o in orders for i in range(m - 1))
+    assert len(follows) == m * (m - 1) and len(set(follows.values())) == 1  # ... and after every other one
+    assert [s.name for s in rotated(specs, cycle)] == [s.name for s in rotated(specs, 0)]
 
 
 def fake_runs(method, seconds, tokens=10, category="qa"):
@@ -69,7 +78,7 @@ def test_tr_is_read_head_to_head_against_prompt_lookup_in_every_category():
     greedy = [1.0, 2.0, 1.5, 1.2]
     runs = fake_runs("greedy", greedy) + fake_runs("tr", [s / 2 for s in greedy])
     pld = fake_runs("hf-pld", [s / 2.5 for s in greedy])
-    pld[1].seconds = greedy[1] / 1.6  # one prompt of the second category copies well
+    pld[1].seconds = greedy[1] / 1.6  # prompt lookup gains less on one prompt of the second category
     for r in runs + pld:
         r.category = "ab"[int(r.question_id) % 2]
     summary = summarize(runs + pld)
@@ -119,8 +128,7 @@ def test_bench_command_writes_json_csv_and_chart(tmp_path, tiny_lm, capsys):
     trees = summary["meta"]["trees"]
     assert summary["meta"]["peers"] == "untouched" and "untouched" in trees["hf-greedy"] and "untouched" in trees["hf-pld"]
     assert "same model" in trees["hf-pld:same"]  # prompt lookup on our kernels: the algorithms compared alone
-    versus = summary["versus"]
-    assert set(versus) == set()  # no plain "tr" row in this run: nothing to read head to head
+    assert summary["versus"] == {}  # no plain "tr" row in this run: nothing to read head to head
     rows = list(csv.DictReader(open(tmp_path / "o.csv")))
     assert {r["category"] for r in rows} == {"overall", "mt_bench", "qa"} and len(rows) == 8 * 3
     assert (tmp_path / "chart.html").stat().st_size > 1000
@@ -221,7 +229,8 @@ def test_lookup_prior_is_replayed_from_known_outputs():
     geo = [ChainStats.PRIOR_RATE[1] ** (i + 1) for i in range(10)]
     expect = [(n * hit + PSEUDO_TRIALS * g) / (n + PSEUDO_TRIALS) for hit, g in zip([1] * 9 + [0], geo)]
     assert table["1"]["cold"][:10] == pytest.approx(expect, abs=1e-4) and table["1"]["cold"][10:] == [None, None]
-    assert 0 < table["1"]["cold"][9] < 0.001  # a miss seen 20 times: small, but never a hard zero
+    assert all(r > 0 for r in table["1"]["cold"][:10])  # small where the geometric prior is, never a hard 0
+    assert 0 < table["1"]["cold"][9] < 0.001  # a miss seen 20 times
     assert table["1"]["hot"] == [None] * 12 and table["3"] == {"cold": [None] * 12, "hot": [None] * 12}
     few = lookup_acceptance([prompt] * (n - 1), [out] * (n - 1), span=12)
     assert few["1"]["cold"] == [None] * 12  # too few observations: no prior (the geometric one holds)
@@ -274,3 +283,45 @@ def test_calibrate_command_writes_priors_presets_and_where_they_came_from(tmp_pa
     shipped = json.loads((PRESET_DIR / "paper-80.json").read_text())
     assert shipped["calibration"]["offset"] >= 10  # the shipped priors never saw the evaluation split
     assert lookup_prior("paper-80")
+
+
+def test_bench_reads_tr_against_prompt_lookup_and_refuses_bad_settings(tmp_path, tiny_lm, capsys):
+    folder = tmp_path / "tiny"
+    tiny_lm.model.save_pretrained(folder)
+    tiny_lm.tokenizer.save_pretrained(folder)
+    f = tmp_path / "q.jsonl"
+    write_prompts(f)
+    out = tmp_path / "out.json"
+    common = ["--prompts", str(f), "--max-new-tokens", "10", "--model", str(folder), "--quiet"]
+    assert main([*common, "--limit", "1", "--methods", "tr,pld", "--peers", "same", "--json", str(out)]) == 0
+    versus = json.loads(out.read_text())["versus"]["tr / pld"]
+    assert set(versus["per_category"]) == {"mt_bench", "qa"} and versus["worst"][0] in versus["per_category"]
+    assert "tr / pld:" in capsys.readouterr().out
+    for bad in (["--methods", "tr,tr"], ["--methods", "pld:3"], ["--methods", "hf-pld:other"]):
+        assert main([*common, *bad]) == 2
+        assert "error" in capsys.readouterr().err
+    for bad in (["--warmup", "-1"], ["--offset", "-2"], ["--temperature", "-0.5"], ["--k", "0"], ["--lookup", "-1"]):
+        with pytest.raises(SystemExit):
+            main([*common, *bad])
+
+
+def test_overlap_with_the_calibration_split_is_warned_about_only_on_spec_bench(tmp_path):
+    from tr_core.bench.__main__ import DEFAULT_PROMPTS, calibration_overlap
+    from tr_core.trees import PRESET_DIR
+
+    record = json.loads((PRESET_DIR / "paper-80.json").read_text())["calibration"]
+    lo, n = record["offset"], record["limit"]
+    assert calibration_overlap(DEFAULT_PROMPTS, 0, 10, False) is None  # the evaluation split
+    assert f"questions {lo + 1}-{lo + n}" in calibration_overlap(DEFAULT_PROMPTS, 0, lo + 1, False)
+    assert calibration_overlap(DEFAULT_PROMPTS, lo, 2, False)  # --split calib: the very prompts learnt on
+    assert calibration_overlap(tmp_path / "mbpp" / "question.jsonl", 0, 20, False) is None  # another file
+
+
+def test_calibrate_refuses_to_write_priors_learnt_on_the_evaluation_split(capsys):
+    from tr_core.bench.__main__ import DEFAULT_PROMPTS
+    from tr_core.bench.calibrate import main as calibrate
+
+    for args in (["--offset", "0", "--write"], ["--limit", "0"], ["--max-new-tokens", "0"]):
+        with pytest.raises(SystemExit):
+            calibrate(["--prompts", str(DEFAULT_PROMPTS), *args])
+    assert "calibration split" in capsys.readouterr().err

@@ -182,3 +182,18 @@ def test_acceptance_is_kept_per_temperature(tiny_lm):
     planner.use_temperature(0.0)  # greedy decoding keeps its own statistics
     assert planner.tree.paths == greedy_tree.paths
     assert set(planner.by_temperature) == {0.0, 1.0}
+
+
+def test_each_planner_refits_its_own_cost_curve_and_a_new_text_starts_cold(tiny_lm):
+    from tr_core.planner import HOT_RUN, TreePlanner, is_hot
+
+    a, b = TreePlanner(tiny_lm), TreePlanner(tiny_lm)
+    before = b.cost.coef.copy()
+    for _ in range(20):
+        a.record(a.tree, [], forward_tokens=8, forward_seconds=10 * a.cost(8), cache_length=200)
+    assert a.cost.coef[0] > 2 * before[0] and (b.cost.coef == before).all()  # b never saw a's forwards
+    assert is_hot(HOT_RUN + 3, HOT_RUN) and is_hot(2, 2) and not is_hot(8, HOT_RUN - 1) and not is_hot(0, 0)
+    a.record_lookup(3, 2, 2)  # a short continuation, all of it accepted: the text is being copied
+    assert a.hot
+    a.begin_text()
+    assert not a.hot and a.idle == 0

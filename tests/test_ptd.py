@@ -162,3 +162,25 @@ def test_cost_aware_ptd_is_lossless_and_paper_settings_stay_available(tiny_lm):
         tiny_lm, 40, PTDConfig(cost_aware=True), planner=planner), PROMPTS, 40)
     assert all(len(d.forest.flatten().nodes) <= d.config.max_nodes + 1 for d in decoders)
     assert sum(s.accepted_drafts for d in decoders for s in d.steps) > 0
+
+
+def test_cost_aware_ptd_follows_the_cost_within_a_prompt_and_forgets_after_reset(tiny_lm):
+    from tr_core.planner import CostCurve
+    from tr_core.ptd import PTDPlanner
+
+    planner = PTDPlanner(CostCurve([1, 101], [1.0, 1.3]), max_nodes=48)
+    dec = ProgressiveTreeDecoder(tiny_lm, 30, PTDConfig(cost_aware=True), planner=planner)
+    assert dec.config.max_nodes == 33
+    dec.start(PROMPTS[0])
+    for _ in range(8):
+        dec.step()
+    assert dec.config.max_nodes == planner.draft_budget()  # refitted on the forwards just seen
+    assert planner.rates.trials  # what the steps saw is counted ...
+    planner.cost = CostCurve([1, 101], [1.0, 201.0])  # the machine got busy: every token now costs two forwards
+    step = dec.step()
+    assert dec.config.max_nodes == 0 and step.forward_tokens == 1  # no draft rides along, no candidate pays
+    planner.use_temperature(0.7)
+    assert not planner.rates.trials  # ... per temperature
+    planner.use_temperature(0.0)
+    planner.reset()
+    assert not planner.rates.trials and not planner.by_temperature[0.0].trials  # warm-up forgotten

@@ -76,6 +76,10 @@ class CostCurve:
     def __call__(self, q: int, cache: int | None = None) -> float:
         return max(float(self.features(q, cache) @ self.coef), 1e-9)
 
+    def fresh(self) -> "CostCurve":
+        """The measured curve again, with nothing observed since."""
+        return CostCurve(list(self.lengths), list(self.seconds), self.per_cache, self.prefix, self.decay)
+
     @property
     def scale(self) -> float:
         """The fixed part's factor: how much slower a one-token forward runs than when measured."""
@@ -145,9 +149,10 @@ def time_forwards(lm, lengths, prefix: int, repeats: int) -> list[float]:
     return [sorted(times[q])[len(times[q]) // 2] for q in lengths]
 
 
-def cost_curve_for(lm) -> CostCurve:
-    """The model's cost curve, measured once and kept on the shared ``LoadedModel`` (refitted as
-    decoding observes forwards)."""
+def cost_curve_for(lm, own: bool = False) -> CostCurve:
+    """The model's cost curve, measured once and kept on the shared ``LoadedModel``.  ``own``: a
+    fresh copy of the measured curve whose refits are this caller's alone (each planner keeps its
+    own, so one method's forwards never steer another's plans)."""
     if lm.cost_curve is None:
         lm.cost_curve = CostCurve.measure(lm)
-    return lm.cost_curve
+    return lm.cost_curve.fresh() if own else lm.cost_curve

@@ -75,6 +75,13 @@ LOOKUP_STATES = ("cold", "hot")  # the previous lookup continuation: short-lived
 HOT_RUN = 4  # accepted continuation tokens that make the next lookup "hot" (the text is being copied)
 
 
+def is_hot(offered: int, accepted: int) -> bool:
+    """Whether a lookup continuation of ``offered`` tokens, of which the first ``accepted`` were
+    accepted, makes the next one hot: at least ``HOT_RUN`` accepted, or all of a shorter one.  The
+    calibration replay and the planner use this same rule."""
+    return offered > 0 and accepted >= min(HOT_RUN, offered)
+
+
 def lookup_prior(universe: str) -> dict:
     """``{(ngram, hot, i): rate}`` stored beside ``universe`` by ``python -m tr_core.bench.calibrate``
     (``"lookup_acceptance"``); empty where there is none."""
@@ -87,7 +94,7 @@ def lookup_prior(universe: str) -> dict:
 @dataclass
 class ChainStats(DecayedRates):
     """P(the i-th token of a prompt-lookup continuation is accepted), by matched n-gram size and by
-    whether the previous continuation had at least ``HOT_RUN`` tokens accepted (``hot``: the output
+    whether the previous continuation was accepted at length (:func:`is_hot`; ``hot``: the output
     is copying the context, and the next continuation is likely to run long too) or not.
 
     Online counts per key, faded by ``decay`` and shrunk towards the calibrated prior (``prior``,
@@ -156,12 +163,14 @@ class TreePlanner:
         self.universe_name = universe
         full = load_tree(universe)
         self.universe = full.subtree([p for p in full.paths if max(p) < k], name=universe)
-        self.cost = cost_curve_for(lm)
+        self.cost = cost_curve_for(lm, own=True)  # refitted by this planner's forwards alone
         self.every, self.k, self.explore, self.uniform_prior = every, k, explore, uniform_prior
         self.reset()
 
     def reset(self) -> None:
-        """Back to the prior: no statistics, the initial plan."""
+        """Back to the prior: no statistics, the measured cost curve (this planner's own copy), the
+        initial plan."""
+        self.cost = self.cost.fresh()
         self.by_temperature: dict[float, tuple[AcceptanceStats, ChainStats]] = {}
         self.temperature = None
         self.steps, self.idle, self.cache, self.hot = 0, 0, None, False
@@ -187,6 +196,11 @@ class TreePlanner:
         self.stats, self.chain = self.by_temperature[key]
         self.tree, self.expected = plan_tree(self.universe, self.stats.estimate, self.step_cost)
 
+    def begin_text(self) -> None:
+        """A new request starts: what described the previous text (the lookup state, the run of idle
+        plans) goes; what describes the model and the machine (acceptance, costs) stays."""
+        self.hot, self.idle = False, 0
+
     def step_cost(self, q: int) -> float:
         """Seconds of a forward of ``q`` tokens at the cache length last seen."""
         return self.cost(q, self.cache)
@@ -194,7 +208,7 @@ class TreePlanner:
     def record_lookup(self, ngram: int, offered: int, accepted: int) -> None:
         """A lookup continuation of ``offered`` tokens had its first ``accepted`` accepted."""
         self.chain.record(ngram, offered, accepted, self.hot)
-        self.hot = accepted >= HOT_RUN
+        self.hot = is_hot(offered, accepted)
 
     def lookup_length(self, q: int, ngram: int, offset: int, available: int) -> int:
         """How many of the ``available`` lookup tokens to add to a forward of ``q`` tokens: the prefix

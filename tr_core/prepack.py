@@ -69,7 +69,7 @@ class PackedLinear(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: [..., in_features] -> [..., out_features], by the kernel chosen for x's row count."""
-        if self.choice.use_packed(x.numel() // self.in_features):
+        if self.packed is not None and self.choice.use_packed(x.numel() // self.in_features):
             return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
         return torch.nn.functional.linear(x, self.weight, self.bias)
 

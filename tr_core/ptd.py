@@ -100,12 +100,16 @@ class DraftForest:
                 node = child
             self.branches.append(head)
 
-    def flatten(self) -> FlatForest:
+    def flatten(self, limit: int | None = None) -> FlatForest:
+        """The tree in BFS order; ``limit``: only its first ``limit`` nodes (what rides along when the
+        budget shrank below the tree's size; every parent still comes before its children)."""
         tokens, parents, depths, nodes = [], [], [], []
         frontier = [(b, -1, 1) for b in self.branches]
         while frontier:
             nxt = []
             for node, parent, depth in frontier:
+                if limit is not None and len(nodes) >= limit:
+                    return FlatForest(nodes, tokens, parents, depths)
                 idx = len(nodes)
                 nodes.append(node)
                 tokens.append(node.token)
@@ -238,10 +242,21 @@ class PTDPlanner:
     within ``DRAFT_SHARE`` of a one-token forward."""
 
     def __init__(self, cost, max_nodes: int):
+        """``cost``: a cost curve this planner refits alone (``cost_curve_for(lm, own=True)``)."""
         self.cost = cost
-        self.rates = CandidateRates()
         self.max_nodes = max_nodes
+        self.reset()
+
+    def reset(self) -> None:
+        """Back to the prior: no acceptance seen, the measured cost curve, greedy decoding."""
+        self.cost = self.cost.fresh()
+        self.by_temperature: dict[float, CandidateRates] = {}
         self.cache: int | None = None
+        self.use_temperature(0.0)
+
+    def use_temperature(self, temperature: float) -> None:
+        """Candidates' acceptance is kept per temperature (0: greedy): random draws match them less often."""
+        self.rates = self.by_temperature.setdefault(round(float(temperature), 2), CandidateRates())
 
     def draft_budget(self) -> int:
         """The most draft nodes (up to ``max_nodes``) costing at most ``DRAFT_SHARE`` of a forward."""

@@ -14,13 +14,40 @@ from ..models import ModelLoadError, load_model
 from ..sampling import SamplingConfig
 from ..trees import TreeError
 from ..prepack import kernel_choice
-from .data import EVAL_PER_CATEGORY, SPLITS, load_prompts
+from .data import SPLITS, load_prompts
 from .harness import parse_methods, run_benchmark
 from .peers import load_untouched
 from .report import format_table, summarize, write_chart, write_csv
 
 DEFAULT_PROMPTS = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "spec_bench" / "question.jsonl"
 
+
+def is_default_prompts(path) -> bool:
+    """Whether ``path`` is Spec-Bench's question file, the one the calibration split comes from."""
+    p = Path(path).expanduser()
+    try:
+        return p.resolve() == DEFAULT_PROMPTS.resolve() or p.parent.name == "spec_bench"
+    except OSError:
+        return False
+
+
+def calibration_overlap(prompts, offset: int, limit: int, no_group: bool) -> str | None:
+    """A warning when the prompts picked include those the shipped priors were learnt on (read from
+    the ``"calibration"`` record ``python -m tr_core.bench.calibrate --write`` left in the presets)."""
+    from ..trees import PRESET_DIR
+
+    if not is_default_prompts(prompts):
+        return None
+    try:
+        record = json.loads((PRESET_DIR / "paper-80.json").read_text()).get("calibration") or {}
+        lo, n = int(record["offset"]), int(record["limit"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if no_group or (offset < lo + n and lo < offset + limit):
+        return (f"these prompts include questions {lo + 1}-{lo + n} of a category (or, with --no-group, may), "
+                "which the shipped priors and presets were learnt on (python -m tr_core.bench.calibrate): "
+                "figures from them are optimistic; --split eval reports the others.")
+    return None
 
 def run_meta(args, lm, specs, sampling, offset: int) -> dict:
     """What a report needs to be read and repeated: model, machine, versions, settings, kernels, trees."""
@@ -49,8 +76,9 @@ def main(argv: list[str] | None = None) -> int:
                          "(what python -m tr_core.bench.calibrate learns from); --offset overrides")
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--methods", default="greedy,tr",
-                    help="comma list (greedy, its A/A copy and hf-greedy always run): tr (device default), tr:TREE (the paper's method on TREE), "
-                         "tr:TREE+pldN, pld, hf-pld")
+                    help="comma list (greedy, its A/A copy and hf-greedy always run): tr (device default), tr:uniform "
+                         "(no learnt priors), tr:TREE (the paper's method on TREE), tr:TREE+pldN, pld, hf-pld, "
+                         "hf-pld:same, ptd (cost-aware on CPU), ptd:paper, ptd:TxD")
     ap.add_argument("--tree", default=None, help="tree for plain 'tr' (preset, chain-N or JSON file)")
     ap.add_argument("--lookup", type=int, default=None,
                     help="prompt-lookup tokens merged into plain 'tr' trees (0 = off; default: CPU 24, cut by the planner to what pays; GPU 0)")
@@ -80,13 +108,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--save-runs", default=None, metavar="DIR",
                     help="also write one run file per prompt and method (the app opens and replays them)")
     args = ap.parse_args(argv)
-    if args.max_new_tokens < 1 or args.limit < 1:
-        ap.error("--max-new-tokens and --limit must be at least 1")
+    if args.max_new_tokens < 1 or args.limit < 1 or args.k < 1:
+        ap.error("--max-new-tokens, --limit and --k must be at least 1")
+    if args.warmup < 0 or (args.offset is not None and args.offset < 0) or (args.lookup is not None and args.lookup < 0):
+        ap.error("--warmup, --offset and --lookup cannot be negative")
+    if args.temperature < 0:
+        ap.error("--temperature cannot be negative (0 is greedy decoding)")
     offset = SPLITS[args.split] if args.offset is None else args.offset
-    if offset < EVAL_PER_CATEGORY and (offset + args.limit > EVAL_PER_CATEGORY or args.no_group):
-        print(f"WARNING: past the first {EVAL_PER_CATEGORY} questions of a category (or with --no-group, which "
-              "counts MT-bench's subcategories apart) these prompts include the calibration split that "
-              "python -m tr_core.bench.calibrate learns from, when this is that file.", file=sys.stderr)
+    overlap = calibration_overlap(args.prompts, offset, args.limit, args.no_group)
+    if overlap:
+        print(f"WARNING: {overlap}", file=sys.stderr)
     try:
         prompts = load_prompts(args.prompts, args.limit, group=not args.no_group, offset=offset)
         if not prompts:

@@ -6,13 +6,14 @@ category, ``--offset 10``; the bench reports the first 10, ``--split eval``):
 
 * the acceptance rate of every node of the paper's tree (the planner's prior, stored in
   ``paper-80.json`` as ``"acceptance"``): Token Recycling with the full tree and a hot-started
-  matrix, no prompt lookup; a node's rate is the fraction of steps in which it was accepted;
+  matrix, no prompt lookup; a node's rate is the fraction of steps in which it was accepted,
+  smoothed by half a hit (never exactly 0);
 * the ``tr-N`` presets: the N nodes with the highest rates, grown best-first (a parent before its
   children), so each is a sub-tree of the paper's;
 * the prompt-lookup prior (``"lookup_acceptance"`` in ``paper-80.json``): P(the i-th token of a
   continuation is accepted) by matched n-gram size and by whether the previous lookup step's
-  continuation had at least ``HOT_RUN`` tokens accepted (``hot``, the text is being copied) or not
-  (``cold``), from prompt lookup decoding replayed on the greedy outputs (lossless, so TR's outputs
+  continuation was accepted at length (``hot``, the text is being copied: ``planner.is_hot``) or
+  not (``cold``), from prompt lookup decoding replayed on the greedy outputs (lossless, so TR's outputs
   are greedy's).  ``--only lookup`` re-derives this one alone, from greedy decoding.
 
 ``--write`` stores them in ``tr_core/tree_presets`` with the command and split in each file's
@@ -26,15 +27,20 @@ import sys
 from pathlib import Path
 
 from ..lookup import lookup_with_ngram
-from ..planner import HOT_RUN
+from ..planner import is_hot
 from ..trees import PRESET_DIR, TreeShape, load_tree
-from .data import SPLITS, load_prompts
+from .data import EVAL_PER_CATEGORY, SPLITS, load_prompts
 
 PRESET_SIZES = (8, 10, 16, 20, 24, 40)
 LOOKUP_SPAN = 24  # continuation positions a lookup prior covers
 UNIVERSE = "paper-80"
 MIN_TRIALS = 20  # fewer observations than this at a lookup position: no prior there (the geometric one holds)
 PSEUDO_TRIALS = 2.0  # how many trials the geometric prior counts as inside a calibrated lookup rate
+
+
+def significant(x: float, digits: int = 4) -> float:
+    """``x`` rounded to ``digits`` significant digits (a small rate stays small, never 0)."""
+    return float(f"{x:.{digits}g}")
 
 
 def smoothed(hits: float, trials: float, prior: float, pseudo: float) -> float:
@@ -90,10 +96,10 @@ def lookup_acceptance(prompts: list[list[int]], outputs: list[list[int]], span: 
                 trials[key] = trials.get(key, 0) + 1
                 hits[key] = hits.get(key, 0) + (i < run)
             if chain:
-                hot = run >= HOT_RUN
+                hot = is_hot(len(chain), run)
             t += run + 1
     geometric = lambda n, i: ChainStats.PRIOR_RATE[n] ** (i + 1)  # noqa: E731
-    return {str(n): {state: [round(smoothed(hits[n, h, i], trials[n, h, i], geometric(n, i), PSEUDO_TRIALS), 6)
+    return {str(n): {state: [significant(smoothed(hits[n, h, i], trials[n, h, i], geometric(n, i), PSEUDO_TRIALS))
                              if trials.get((n, h, i), 0) >= MIN_TRIALS else None for i in range(span)]
                      for state, h in (("cold", False), ("hot", True))}
             for n in (1, 2, 3)}
@@ -115,9 +121,10 @@ def write_presets(universe_file: Path, rates: list[float], lookup: dict, provena
     """Store the rates and lookup prior in the universe's file and (re)write the ``tr-N`` presets."""
     data = json.loads(universe_file.read_text())
     universe = load_tree(UNIVERSE)
-    data["acceptance"] = [round(r, 6) for r in rates]
-    data["acceptance_note"] = ("Fraction of steps in which each node was accepted (the cost-aware planner's "
-                               "prior); learnt by the command in \"calibration\", never on the reported prompts.")
+    data["acceptance"] = [significant(r) for r in rates]
+    data["acceptance_note"] = ("Fraction of steps in which each node was accepted, smoothed by half a hit (the "
+                               "cost-aware planner's prior); learnt by the command in \"calibration\", never on "
+                               "the reported prompts.")
     data["lookup_acceptance"] = lookup
     data["calibration"] = provenance
     data.pop("lookup_calibration", None)  # an earlier --only lookup run: this one supersedes it
@@ -163,8 +170,15 @@ def main(argv: list[str] | None = None) -> int:
                     help="lookup: re-derive only the prompt-lookup prior (from greedy decoding; quicker)")
     ap.add_argument("--presets", default=str(PRESET_DIR), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.limit < 1 or args.max_new_tokens < 1 or args.offset < 0:
+        ap.error("--limit and --max-new-tokens must be at least 1, --offset at least 0")
+    if args.write and args.offset < EVAL_PER_CATEGORY and bench_cli.is_default_prompts(args.prompts):
+        ap.error(f"--write learns only from the calibration split: use --offset {EVAL_PER_CATEGORY} or more "
+                 f"(the first {EVAL_PER_CATEGORY} questions of each category are what the bench reports)")
     try:
         prompts = load_prompts(args.prompts, args.limit, offset=args.offset)
+        if not prompts:
+            raise ValueError(f"no prompts in {args.prompts} past offset {args.offset}")
         lm = load_model(args.model, "cpu", "float32")
     except (OSError, ValueError, ModelLoadError) as err:
         print(f"error: {err}", file=sys.stderr)

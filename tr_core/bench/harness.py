@@ -45,6 +45,7 @@ class Run:
     phases: dict[str, float] = field(default_factory=dict)
     turn: int = 1
     divergence: dict | None = None  # why the output left greedy's (tr_core.precision.Divergence)
+    place: int = 0  # where in the prompt's method order it ran (0: first)
 
 
 def _tr_spec(name: str, lm: LoadedModel, tree: str | None, k: int, lookup: int | None,
@@ -79,10 +80,11 @@ def _ptd_spec(name: str, arg: str, lm: LoadedModel, sampling: SamplingConfig | N
         except ValueError:
             raise ValueError(f"Bad method {name!r}: use ptd, ptd:paper or ptd:TxD with two numbers, e.g. "
                              "ptd:16x16.") from None
-    planner = PTDPlanner(cost_curve_for(lm), config.max_nodes) if config.cost_aware else None
-    label = (f"cost-aware, trie<={config.trie_nodes}, draft<={planner.draft_budget()}" if planner else
+    planner = PTDPlanner(cost_curve_for(lm, own=True), config.max_nodes) if config.cost_aware else None
+    label = (f"cost-aware, trie<={config.trie_nodes}, draft<={config.max_nodes} (what pays)" if planner else
              f"trie<={config.trie_nodes}, draft<={config.max_nodes}") + f", width {config.width}, depth {config.depth}"
-    return MethodSpec(name, lambda lm_, n: ProgressiveTreeDecoder(lm_, n, config, sampling, planner), tree=label)
+    return MethodSpec(name, lambda lm_, n: ProgressiveTreeDecoder(lm_, n, config, sampling, planner), tree=label,
+                      reset=planner.reset if planner is not None else (lambda: None))
 
 
 def peer_model(plain: LoadedModel | None) -> str:
@@ -112,9 +114,14 @@ def parse_methods(text: str, lm: LoadedModel, tree: str | None = None, k: int = 
     with the same sampling settings for all.  ``plain``: the untouched copy of the model the ``hf-*``
     peers run on (default: ``lm`` itself)."""
     names = [m.strip() for m in text.split(",") if m.strip()]
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:
+        raise ValueError(f"Method(s) named twice: {', '.join(repeated)}; each method runs once per prompt.")
     specs = baseline_specs(lm, plain, sampling)
     for name in names:
         base, _, arg = name.partition(":")
+        if arg and base in ("greedy", "sample", "hf-greedy", "greedy-aa", "sample-aa", "pld"):
+            raise ValueError(f"Bad method {name!r}: {base} takes no setting after ':'.")
         if base in ("greedy", "sample", "hf-greedy", "greedy-aa", "sample-aa"):
             continue
         if base == "pld":
@@ -165,11 +172,30 @@ def _timed_generate(dec, ids: list[int]) -> tuple[list[int], float]:
     return list(out), time.perf_counter() - t0
 
 
+def williams_orders(m: int) -> list[list[int]]:
+    """A balanced Latin square (Williams design) for ``m`` methods: every method takes every place
+    equally often, and every method directly follows every other equally often (``m`` rows for even
+    ``m``; for odd ``m`` the rows and their mirror images, ``2m``).  Caches, clocks and turbo that
+    favour a place or a predecessor then favour no method."""
+    if m <= 1:
+        return [list(range(m))]
+    first, lo, hi = [0], 1, m - 1
+    while len(first) < m:
+        first.append(lo)
+        lo += 1
+        if len(first) < m:
+            first.append(hi)
+            hi -= 1
+    rows = [[(x + r) % m for x in first] for r in range(m)]
+    return rows if m % 2 == 0 else rows + [row[::-1] for row in rows]
+
+
 def rotated(specs: list[MethodSpec], n: int) -> list[MethodSpec]:
-    """The method order for the ``n``-th prompt: shifted by ``n``, so every method runs first, second,
-    ... equally often and no method always follows the same one (caches, clocks, turbo)."""
-    n %= max(1, len(specs))
-    return specs[n:] + specs[:n]
+    """The method order for the ``n``-th prompt: row ``n`` of a Williams design (:func:`williams_orders`),
+    so over each full cycle of prompts every method runs in every place and after every other
+    method equally often."""
+    rows = williams_orders(len(specs))
+    return [specs[i] for i in rows[n % len(rows)]]
 
 
 def warm_up(lm: LoadedModel, prompts: list[BenchPrompt], specs: list[MethodSpec], max_new_tokens: int) -> None:
@@ -187,7 +213,7 @@ def run_turn(lm: LoadedModel, prompt: BenchPrompt, turn: int, ids: list[int], sp
     """Every method of ``specs`` once on ``ids``, in that order; outputs compared with the baseline's
     (``greedy``, else ``sample``, else the first spec's).  Returns the runs and the baseline's output."""
     outputs, decoders, runs = {}, {}, []
-    for spec in specs:
+    for place, spec in enumerate(specs):
         dec = spec.make(lm, max_new_tokens)
         out, secs = _timed_generate(dec, ids)
         outputs[spec.name], decoders[spec.name] = out, dec
@@ -196,7 +222,7 @@ def run_turn(lm: LoadedModel, prompt: BenchPrompt, turn: int, ids: list[int], sp
             for k, v in s.timings.items():
                 phases[k] = phases.get(k, 0.0) + v
         runs.append(Run(spec.name, prompt.question_id, prompt.category, len(out), secs, len(dec.steps), None,
-                        None, sum(s.forward_tokens for s in dec.steps), phases, turn))
+                        None, sum(s.forward_tokens for s in dec.steps), phases, turn, place=place))
     reference = next((outputs[b] for b in BASELINES if b in outputs), outputs[specs[0].name])
     for r in runs:
         if compare:

@@ -48,16 +48,21 @@ def _identical(runs) -> float | None:
 
 
 def speedup_interval(runs, base_runs, resamples: int = BOOTSTRAP, seed: int = 0) -> list[float] | None:
-    """95% bootstrap interval of ``tok/s(runs) / tok/s(base_runs)`` over prompts: the prompts both
-    ran are resampled with replacement, each resample's speedup a ratio of sums (as the point estimate)."""
+    """95% bootstrap interval of ``tok/s(runs) / tok/s(base_runs)`` over prompts: the questions both
+    ran are resampled with replacement (a question's turns together: they are not independent), each
+    resample's speedup a ratio of sums (as the point estimate)."""
     import numpy as np
 
     base = {(r.question_id, r.turn): r for r in base_runs}
-    pairs = [(r, base[r.question_id, r.turn]) for r in runs if (r.question_id, r.turn) in base]
-    if len(pairs) < 2:
+    by_question: dict[str, np.ndarray] = defaultdict(lambda: np.zeros(4))  # the turns of a question together
+    for a in runs:
+        b = base.get((a.question_id, a.turn))
+        if b is not None:
+            by_question[a.question_id] += (a.new_tokens, a.seconds, b.new_tokens, b.seconds)
+    if len(by_question) < 2:
         return None
-    arr = np.array([(a.new_tokens, a.seconds, b.new_tokens, b.seconds) for a, b in pairs], dtype=float)
-    idx = np.random.default_rng(seed).integers(0, len(pairs), (resamples, len(pairs)))
+    arr = np.array(list(by_question.values()))  # [questions, 4]
+    idx = np.random.default_rng(seed).integers(0, len(arr), (resamples, len(arr)))
     s = arr[idx].sum(axis=1)  # [resamples, 4]
     ratio = (s[:, 0] / s[:, 1]) / (s[:, 2] / s[:, 3])
     lo, hi = np.percentile(ratio, [2.5, 97.5])
@@ -93,10 +98,13 @@ def head_to_head(by_method: dict, cats: list[str]) -> dict:
     for name, rivals in HEAD_TO_HEAD:
         for rival in rivals:
             ours, theirs = by_method.get(name), by_method.get(rival)
-            if not ours or not theirs:
+            if not ours or not theirs or not _tps(ours) or not _tps(theirs):
                 continue
-            per = {c: round(_tps([r for r in ours if r.category == c]) / _tps([r for r in theirs if r.category == c]), 4)
-                   for c in cats if any(r.category == c for r in ours) and any(r.category == c for r in theirs)}
+            per = {}
+            for c in cats:
+                a, b = _tps([r for r in ours if r.category == c]), _tps([r for r in theirs if r.category == c])
+                if a and b:
+                    per[c] = round(a / b, 4)
             worst = min(per.items(), key=lambda kv: kv[1]) if per else None
             out[f"{name} / {rival}"] = {"ratio": round(_tps(ours) / _tps(theirs), 4),
                                         "ci": speedup_interval(ours, theirs), "per_category": per,

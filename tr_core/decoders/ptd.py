@@ -40,8 +40,9 @@ class ProgressiveTreeDecoder(TreeDecoder):
         config = config or PTDConfig.for_device(lm.device)
         self.planner = None
         if config.cost_aware:
-            self.planner = planner or PTDPlanner(cost_curve_for(lm), config.max_nodes)
-            config = replace(config, max_nodes=self.planner.draft_budget())
+            self.planner = planner or PTDPlanner(cost_curve_for(lm, own=True), config.max_nodes)
+            self.planner.use_temperature(sampling.temperature if sampling is not None else 0.0)
+            config = replace(config, max_nodes=self.planner.draft_budget())  # this decoder's own copy
         self.config = config
         self.lookahead = max(self.config.ngram, self.config.depth) + 1
         self.forest = DraftForest(self.config)
@@ -59,7 +60,9 @@ class ProgressiveTreeDecoder(TreeDecoder):
         clock, root = PhaseClock(self.lm.device), int(self.last)
         with clock.phase("retrieve"):
             cand, cand_parents, cand_depths = self.tries.candidates(root)
-            flat = self.forest.flatten()
+            if self.planner is not None:  # the draft tree's size follows the cost as it is now
+                self.config.max_nodes = self.planner.draft_budget()
+            flat = self.forest.flatten(self.config.max_nodes)
             if self.planner is not None:
                 keep = self.planner.cut(cand_parents, cand_depths, len(flat.nodes))
                 cand, cand_parents, cand_depths = keep_candidates(cand, cand_parents, cand_depths, keep)

@@ -72,6 +72,12 @@ class TokenRecyclingDecoder(TreeDecoder):
         deepest = self.planner.universe.depth if self.planner is not None else shape.depth
         self.lookahead = max(deepest, self.lookup) + 1
 
+    def start(self, prompt_ids) -> None:
+        """As every decoder; the planner (shared across requests) forgets the previous text's state."""
+        if self.planner is not None:
+            self.planner.begin_text()
+        super().start(prompt_ids)
+
     def prefill(self, prefix: torch.Tensor, chunk: int = 256) -> None:
         """Run the prompt ``prefix [L]`` in one forward, as greedy decoding does, and seed ``M`` from it.
 
