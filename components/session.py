@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import re
 import tempfile
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from tr_core import AdjacencyMatrix, GreedyDecoder, MatrixFileError, TokenRecyclingDecoder
@@ -77,6 +77,7 @@ class Session:
     race: Race | None = None
     matrix: AdjacencyMatrix | None = None
     planner: TreePlanner | None = None  # the auto tree's statistics, kept like the matrix
+    planner_model: LoadedModel | None = field(default=None, repr=False)  # the model the planner learnt on
     started_with: tuple | None = None
     prompt: str = ""
     message: str = ""
@@ -115,8 +116,8 @@ class Session:
         return AdjacencyMatrix(lm.vocab_size, k, lm.device, lm.fingerprint)
 
     def planner_for(self, lm: LoadedModel, k: int, hot_start: bool) -> TreePlanner:
-        if self.planner is None or self.planner.cost is not lm.cost_curve or self.planner.k != k:
-            self.planner = TreePlanner(lm, k=k)
+        if self.planner is None or self.planner_model is not lm or self.planner.k != k:
+            self.planner, self.planner_model = TreePlanner(lm, k=k), lm
         elif not hot_start:
             self.planner.reset()
         return self.planner
@@ -179,7 +180,7 @@ class Session:
         or held something, False for a session already closed and empty (nothing to report)."""
         held = self.race is not None or self.matrix is not None or self.planner is not None
         self.reset()
-        self.matrix = self.planner = None
+        self.matrix = self.planner = self.planner_model = None
         was_open, self.closed = not self.closed, True
         return was_open or held
 

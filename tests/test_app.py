@@ -293,3 +293,17 @@ def test_busy_server_queues_with_positions_and_refuses_beyond_the_queue_size(hub
         assert "identical to greedy" in running.result(timeout=300)[4]
     finally:
         demo.close()
+
+
+def test_a_session_keeps_its_planner_across_runs_like_its_matrix(tiny_lm):
+    import dataclasses
+
+    from components.session import Session
+
+    s = Session()
+    first = s.planner_for(tiny_lm, 8, hot_start=True)
+    first.stats.record(first.universe, [first.universe.paths[0]])  # something learnt
+    assert s.planner_for(tiny_lm, 8, hot_start=True) is first and first.stats.trials  # hot start: kept
+    assert s.planner_for(tiny_lm, 8, hot_start=False) is first and not first.stats.trials  # cold: forgotten
+    other = dataclasses.replace(tiny_lm)  # another model loaded: a planner of its own
+    assert s.planner_for(other, 8, hot_start=True) is not first

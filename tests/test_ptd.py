@@ -184,3 +184,27 @@ def test_cost_aware_ptd_follows_the_cost_within_a_prompt_and_forgets_after_reset
     planner.use_temperature(0.0)
     planner.reset()
     assert not planner.rates.trials and not planner.by_temperature[0.0].trials  # warm-up forgotten
+
+
+def test_cpu_ptd_also_harvests_the_committed_text_and_stays_lossless(tiny_lm, monkeypatch):
+    from tr_core.ptd import CandidateTries
+
+    cpu = PTDConfig.for_device(torch.device("cpu"))
+    assert cpu.harvest_output and not PTDConfig.paper().harvest_output
+    assert not PTDConfig.for_device(torch.device("cuda")).harvest_output  # the paper's settings on a GPU
+    d = ProgressiveTreeDecoder(tiny_lm, 40, PTDConfig(harvest_output=True))
+    d.start(PROMPTS[0])
+    d.tries, d.output = CandidateTries(60, 4), [90, 91, 92]
+    d.harvest_committed(2)  # the 4-grams ending at the last two committed tokens
+    ctx = d.prompt + d.output
+    assert d.tries.tries == {ctx[-4]: {tuple(ctx[-3:]): 2, tuple(ctx[-3:-1]): 2, tuple(ctx[-3:-2]): 2},
+                             ctx[-5]: {tuple(ctx[-4:-1]): 1, tuple(ctx[-4:-2]): 1, tuple(ctx[-4:-3]): 1}}
+    calls = []
+    monkeypatch.setattr(ProgressiveTreeDecoder, "harvest_committed", lambda self, n: calls.append(n))
+    ProgressiveTreeDecoder(tiny_lm, 10, PTDConfig.paper()).generate(PROMPTS[1])
+    assert calls == []  # the paper's settings harvest only the draft tree
+    dec = ProgressiveTreeDecoder(tiny_lm, 10, PTDConfig(harvest_output=True))
+    dec.generate(PROMPTS[1])
+    assert calls == [len(s.committed) for s in dec.steps]  # every step harvests what it committed
+    monkeypatch.undo()
+    decode_losslessly(tiny_lm, lambda: ProgressiveTreeDecoder(tiny_lm, 40, PTDConfig(harvest_output=True)), PROMPTS, 40)

@@ -42,6 +42,7 @@ class PTDConfig:
     seed_chain: int = 2  # prompt tokens per seed branch
     seed: int = 0  # random seed for the seed branches
     cost_aware: bool = False  # cut candidates and draft nodes to what pays on this device (PTDPlanner)
+    harvest_output: bool = False  # also harvest the committed text's n-grams into the tries (our addition)
 
     @classmethod
     def paper(cls) -> "PTDConfig":
@@ -50,8 +51,10 @@ class PTDConfig:
 
     @classmethod
     def for_device(cls, device) -> "PTDConfig":
-        """The device default: the paper's settings on a GPU, cost-aware where extra tokens cost."""
-        return cls(cost_aware=getattr(device, "type", str(device)) != "cuda")
+        """The device default: the paper's settings on a GPU; where extra tokens cost, cost-aware and
+        harvesting the committed text too (a few draft nodes a step harvest too little on their own)."""
+        costly = getattr(device, "type", str(device)) != "cuda"
+        return cls(cost_aware=costly, harvest_output=costly)
 
 
 class _Node:

@@ -12,6 +12,9 @@ Each step, in phases:
   4. expand    - every draft node gains the model's argmax as a child; new paths are harvested
      into the tries; stepping and the root window prune
   5. prune     - keep only the accepted path's KV entries (the draft nodes' entries go too)
+  6. harvest   - (``harvest_output``, the CPU default) the n-grams ending at each committed token go
+     into the tries too: the verified text is the model's own prediction on the live context, and
+     where only a few draft nodes can ride along it is most of what the tries get
 """
 from __future__ import annotations
 
@@ -83,7 +86,15 @@ class ProgressiveTreeDecoder(TreeDecoder):
         step = self.finish_tree_step(tokens, tree, ["root"] + ["trie"] * len(cand), verdict, path, clock,
                                      verified=m)
         step.draft_tree = draft
+        if self.config.harvest_output:
+            self.harvest_committed(len(step.committed))
         return step
+
+    def harvest_committed(self, count: int) -> None:
+        """Harvest the n-gram ending at each of the last ``count`` committed tokens (prompt included)."""
+        context, n = self.prompt + self.output, self.config.ngram
+        for j in range(len(context) - count, len(context)):
+            self.tries.harvest(context[max(0, j - n + 1):j + 1])
 
     def step_input(self, root: int, cand: list[int], cand_parents: list[int], cand_depths: list[int],
                    flat: FlatForest):
