@@ -13,6 +13,14 @@ def write_prompts(path):
     path.write_text("\n".join(json.dumps({"question_id": q, "category": c, "turns": [t]}) for q, c, t in rows))
 
 
+def save_tiny(lm, tmp_path):
+    """The tiny model and tokenizer saved as a model folder (what ``--model`` takes)."""
+    folder = tmp_path / "tiny"
+    lm.model.save_pretrained(folder)
+    lm.tokenizer.save_pretrained(folder)
+    return folder
+
+
 def test_prompts_are_grouped_and_limited(tmp_path):
     f = tmp_path / "q.jsonl"
     write_prompts(f)
@@ -98,9 +106,7 @@ def test_an_aa_pair_outside_its_band_warns_that_the_machine_was_busy():
 
 
 def test_bench_command_writes_json_csv_and_chart(tmp_path, tiny_lm, capsys):
-    folder = tmp_path / "tiny"
-    tiny_lm.model.save_pretrained(folder)
-    tiny_lm.tokenizer.save_pretrained(folder)
+    folder = save_tiny(tiny_lm, tmp_path)
     f = tmp_path / "q.jsonl"
     write_prompts(f)
     out = tmp_path / "out.json"
@@ -145,9 +151,7 @@ def test_bench_command_reports_bad_input(tmp_path, capsys):
 
 
 def test_bench_runs_ptd_second_turns_and_sampling(tmp_path, tiny_lm, capsys):
-    folder = tmp_path / "tiny"
-    tiny_lm.model.save_pretrained(folder)
-    tiny_lm.tokenizer.save_pretrained(folder)
+    folder = save_tiny(tiny_lm, tmp_path)
     f = tmp_path / "q.jsonl"
     f.write_text("\n".join(json.dumps(r) for r in [
         {"question_id": "1", "category": "writing", "turns": ["w5 w9 w14", "w30 w31 w32"]},
@@ -185,9 +189,7 @@ def test_gpu_bundle_travels_a_lossy_model_that_loads_and_benchmarks(tmp_path, ti
     err = (dequantize_rows(**parts) - w).abs() / (0.45 * w.std(dim=1, keepdim=True))
     assert float(err.max()) <= 0.51  # at most half a grid step off (plus float16 rounding)
 
-    folder = tmp_path / "tiny"
-    tiny_lm.model.save_pretrained(folder)
-    tiny_lm.tokenizer.save_pretrained(folder)
+    folder = save_tiny(tiny_lm, tmp_path)
     prompts = tmp_path / "q.jsonl"
     write_prompts(prompts)
     bundle, model = tmp_path / "bundle", tmp_path / "unpacked"
@@ -264,9 +266,7 @@ def test_calibrate_command_writes_priors_presets_and_where_they_came_from(tmp_pa
     from tr_core.planner import lookup_prior
     from tr_core.trees import PRESET_DIR, TreeShape
 
-    folder = tmp_path / "tiny"
-    tiny_lm.model.save_pretrained(folder)
-    tiny_lm.tokenizer.save_pretrained(folder)
+    folder = save_tiny(tiny_lm, tmp_path)
     prompts = tmp_path / "q.jsonl"
     write_prompts(prompts)
     presets = tmp_path / "presets"
@@ -286,9 +286,7 @@ def test_calibrate_command_writes_priors_presets_and_where_they_came_from(tmp_pa
 
 
 def test_bench_reads_tr_against_prompt_lookup_and_refuses_bad_settings(tmp_path, tiny_lm, capsys):
-    folder = tmp_path / "tiny"
-    tiny_lm.model.save_pretrained(folder)
-    tiny_lm.tokenizer.save_pretrained(folder)
+    folder = save_tiny(tiny_lm, tmp_path)
     f = tmp_path / "q.jsonl"
     write_prompts(f)
     out = tmp_path / "out.json"

@@ -238,7 +238,8 @@ BASELINES = ("greedy", "sample")
 
 def run_benchmark(lm: LoadedModel, prompts: list[BenchPrompt], specs: list[MethodSpec], max_new_tokens: int,
                   warmup: int = 1, progress: bool = True, turns: int = 1, compare: bool = True) -> list[Run]:
-    """All methods on each prompt, prompt by prompt, the order rotating from prompt to prompt.
+    """All methods on each prompt, prompt by prompt, the order changing from prompt to prompt
+    (a Williams design, :func:`rotated`).
 
     ``compare``: check every output against the baseline's (greedy decoding is lossless); off when
     sampling, where outputs differ by design and only their distribution is the same.
