@@ -149,10 +149,10 @@ def time_forwards(lm, lengths, prefix: int, repeats: int) -> list[float]:
     return [sorted(times[q])[len(times[q]) // 2] for q in lengths]
 
 
-def cost_curve_for(lm, own: bool = False) -> CostCurve:
-    """The model's cost curve, measured once and kept on the shared ``LoadedModel``.  ``own``: a
-    fresh copy of the measured curve whose refits are this caller's alone (each planner keeps its
-    own, so one method's forwards never steer another's plans)."""
+def cost_curve_for(lm) -> CostCurve:
+    """The model's cost curve, measured once and kept on the shared ``LoadedModel``.  Planners refit
+    a copy of it (``CostCurve.fresh``, taken at their reset), never the shared curve itself, so one
+    method's forwards never steer another's plans."""
     if lm.cost_curve is None:
         lm.cost_curve = CostCurve.measure(lm)
-    return lm.cost_curve.fresh() if own else lm.cost_curve
+    return lm.cost_curve

@@ -14,11 +14,10 @@ acceptance rate (``ChainStats``, by matched n-gram size) and costs one more quer
 from __future__ import annotations
 
 import heapq
-import json
 from dataclasses import dataclass, field
 
 from .cost import COST_LENGTHS, CostCurve, cost_curve_for  # noqa: F401  (re-exported)
-from .trees import PRESET_DIR, TreeShape, load_tree, tree_prior
+from .trees import TreeShape, load_tree, preset_data, tree_prior
 
 UNIFORM_RATE = 0.1  # the "no priors" ablation: every node of the universe starts at this rate
 
@@ -85,8 +84,7 @@ def is_hot(offered: int, accepted: int) -> bool:
 def lookup_prior(universe: str) -> dict:
     """``{(ngram, hot, i): rate}`` stored beside ``universe`` by ``python -m tr_core.bench.calibrate``
     (``"lookup_acceptance"``); empty where there is none."""
-    path = PRESET_DIR / f"{universe}.json"
-    table = json.loads(path.read_text()).get("lookup_acceptance", {}) if path.is_file() else {}
+    table = preset_data(universe).get("lookup_acceptance", {})
     return {(int(n), state == "hot", i): r for n, by_state in table.items() for state, rates in by_state.items()
             for i, r in enumerate(rates) if r is not None}
 
@@ -163,7 +161,7 @@ class TreePlanner:
         self.universe_name = universe
         full = load_tree(universe)
         self.universe = full.subtree([p for p in full.paths if max(p) < k], name=universe)
-        self.cost = cost_curve_for(lm, own=True)  # refitted by this planner's forwards alone
+        self.cost = cost_curve_for(lm)  # reset() takes this planner's own copy to refit
         self.every, self.k, self.explore, self.uniform_prior = every, k, explore, uniform_prior
         self.reset()
 

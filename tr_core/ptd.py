@@ -245,7 +245,7 @@ class PTDPlanner:
     within ``DRAFT_SHARE`` of a one-token forward."""
 
     def __init__(self, cost, max_nodes: int):
-        """``cost``: a cost curve this planner refits alone (``cost_curve_for(lm, own=True)``)."""
+        """``cost``: the measured cost curve; reset() takes this planner's own copy to refit."""
         self.cost = cost
         self.max_nodes = max_nodes
         self.reset()

@@ -210,13 +210,18 @@ def list_presets() -> list[str]:
     return sorted(p.stem for p in PRESET_DIR.glob("*.json"))
 
 
+def preset_data(name: str) -> dict:
+    """What a preset file holds beside its nodes (``{}`` for none or a bare list): acceptance rates,
+    the lookup prior and the ``"calibration"`` record written by ``python -m tr_core.bench.calibrate``."""
+    path = PRESET_DIR / f"{name}.json"
+    data = json.loads(path.read_text()) if path.is_file() else {}
+    return data if isinstance(data, dict) else {}
+
+
 def tree_prior(name: str) -> dict[tuple[int, ...], float] | None:
     """Per-node acceptance rates stored beside a preset (``"acceptance"``), if any."""
-    path = PRESET_DIR / f"{name}.json"
-    if not path.is_file():
-        return None
-    data = json.loads(path.read_text())
-    rates = data.get("acceptance") if isinstance(data, dict) else None
+    data = preset_data(name)
+    rates = data.get("acceptance")
     return {tuple(p): float(r) for p, r in zip(data["nodes"], rates)} if rates else None
 
 

@@ -34,12 +34,12 @@ def is_default_prompts(path) -> bool:
 def calibration_overlap(prompts, offset: int, limit: int, no_group: bool) -> str | None:
     """A warning when the prompts picked include those the shipped priors were learnt on (read from
     the ``"calibration"`` record ``python -m tr_core.bench.calibrate --write`` left in the presets)."""
-    from ..trees import PRESET_DIR
+    from ..trees import preset_data
 
     if not is_default_prompts(prompts):
         return None
     try:
-        record = json.loads((PRESET_DIR / "paper-80.json").read_text()).get("calibration") or {}
+        record = preset_data("paper-80").get("calibration") or {}
         lo, n = int(record["offset"]), int(record["limit"])
     except (OSError, ValueError, KeyError, TypeError):
         return None

@@ -80,7 +80,7 @@ def _ptd_spec(name: str, arg: str, lm: LoadedModel, sampling: SamplingConfig | N
         except ValueError:
             raise ValueError(f"Bad method {name!r}: use ptd, ptd:paper or ptd:TxD with two numbers, e.g. "
                              "ptd:16x16.") from None
-    planner = PTDPlanner(cost_curve_for(lm, own=True), config.max_nodes) if config.cost_aware else None
+    planner = PTDPlanner(cost_curve_for(lm), config.max_nodes) if config.cost_aware else None
     label = (f"cost-aware, trie<={config.trie_nodes}, draft<={config.max_nodes} (what pays)" if planner else
              f"trie<={config.trie_nodes}, draft<={config.max_nodes}") + f", width {config.width}, depth {config.depth}"
     return MethodSpec(name, lambda lm_, n: ProgressiveTreeDecoder(lm_, n, config, sampling, planner), tree=label,
@@ -93,6 +93,7 @@ def peer_model(plain: LoadedModel | None) -> str:
 
 
 AA_SUFFIX = "-aa"  # the baseline's second copy: the A/A row
+PLAIN_DECODERS = ("greedy", "sample", "greedy" + AA_SUFFIX, "sample" + AA_SUFFIX, "hf-greedy")  # baseline_specs'
 
 
 def baseline_specs(lm: LoadedModel, plain: LoadedModel | None, sampling: SamplingConfig | None) -> list[MethodSpec]:
@@ -120,9 +121,9 @@ def parse_methods(text: str, lm: LoadedModel, tree: str | None = None, k: int = 
     specs = baseline_specs(lm, plain, sampling)
     for name in names:
         base, _, arg = name.partition(":")
-        if arg and base in ("greedy", "sample", "hf-greedy", "greedy-aa", "sample-aa", "pld"):
+        if arg and base in (*PLAIN_DECODERS, "pld"):
             raise ValueError(f"Bad method {name!r}: {base} takes no setting after ':'.")
-        if base in ("greedy", "sample", "hf-greedy", "greedy-aa", "sample-aa"):
+        if base in PLAIN_DECODERS:  # they run anyway (baseline_specs)
             continue
         if base == "pld":
             specs.append(MethodSpec("pld", lambda lm_, n: PromptLookupDecoder(lm_, n, sampling=sampling),

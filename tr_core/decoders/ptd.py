@@ -43,7 +43,7 @@ class ProgressiveTreeDecoder(TreeDecoder):
         config = config or PTDConfig.for_device(lm.device)
         self.planner = None
         if config.cost_aware:
-            self.planner = planner or PTDPlanner(cost_curve_for(lm, own=True), config.max_nodes)
+            self.planner = planner or PTDPlanner(cost_curve_for(lm), config.max_nodes)
             self.planner.use_temperature(sampling.temperature if sampling is not None else 0.0)
             config = replace(config, max_nodes=self.planner.draft_budget())  # this decoder's own copy
         self.config = config
