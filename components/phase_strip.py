@@ -85,8 +85,9 @@ def _ptd_cells(step: Step, root: str, own: str, ms: dict, acc: int) -> str:
     fate = {k: sum(1 for s in (d.sources[1:] if d else []) if s == k) for k in ("new", "pruned")}
     riding = step.forward_tokens - len(step.tree.tokens)
     return _cells([
-        ("retrieve", f"The candidate trie for the last token <b>{root}</b> gave {step.tree.size} draft tokens, "
-                     f"harvested earlier from the model's own predictions ({ms.get('retrieve', 0):.1f} ms)."),
+        ("retrieve", f"The candidate trie for the last token <b>{root}</b> gave {step.tree.size} draft tokens: "
+                     f"n-grams harvested earlier from the draft tree's predictions (and, where extra tokens cost, "
+                     f"from the prompt and the text so far) ({ms.get('retrieve', 0):.1f} ms)."),
         ("verify", f"One forward pass of {step.forward_tokens} tokens checked the candidates and, in the same "
                    f"pass, ran the {riding} nodes of the evolving draft tree ({ms.get('forward', 0):.0f} ms)."),
         ("accept", f"The longest candidate path matching the model's choices had <b>{acc}</b> token"

@@ -3,13 +3,14 @@ from __future__ import annotations
 
 import re
 import tempfile
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from tr_core import AdjacencyMatrix, GreedyDecoder, MatrixFileError, TokenRecyclingDecoder
 from tr_core.decoders import DecodeError, ProgressiveTreeDecoder
 from tr_core.models import LoadedModel, ModelLoadError
 from tr_core.planner import TreePlanner
+from tr_core.ptd import PTDConfig
 from tr_core.sampling import SamplingConfig
 from tr_core.runs import Run, run_header
 from tr_core.trees import TreeError, list_presets
@@ -20,6 +21,9 @@ from .run_view import RunView
 
 MAX_PROMPT_CHARS = 20_000
 METHODS = {"Token Recycling (TR)": "tr", "Progressive Tree Drafting (PTD)": "ptd"}
+# Where the planner finds PTD's draft nodes do not pay (a CPU), the page still carries this many, so
+# that its draft tree can be watched growing; the benchmark's ``ptd`` lets the planner drop them.
+PAGE_MIN_DRAFT = 8
 
 
 class UserError(Exception):
@@ -133,7 +137,8 @@ class Session:
         try:
             sampling = s.sampling()
             if s.method == "ptd":
-                decoder = ProgressiveTreeDecoder(lm, int(s.max_new_tokens), sampling=sampling)
+                config = replace(PTDConfig.for_device(lm.device), min_draft=PAGE_MIN_DRAFT)
+                decoder = ProgressiveTreeDecoder(lm, int(s.max_new_tokens), config, sampling=sampling)
             else:
                 matrix = self.matrix_for(lm, int(s.k), s.hot_start)
                 planner = self.planner_for(lm, int(s.k), s.hot_start) if s.tree == "auto" else None

@@ -15,14 +15,20 @@ COLORS = {"root": "#1f4e99", "accepted": "#2e9d4f", "rejected": "#b8bec6", "bonu
 
 
 def tree_layout(parents: list[int], depths: list[int]) -> dict[int, tuple[float, float]]:
-    """Positions: one row per depth (root on top, y = -depth), nodes in BFS order across each row."""
+    """Positions: one row per depth (root on top, y = -depth); across a row, nodes in the order of their
+    parents (then their own index), so that no two edges cross."""
     if len(depths) == 1:
         return {0: (0.0, 0.0)}
     g = nx.DiGraph()
-    for i, d in enumerate(depths):
-        g.add_node(i, depth=d)
+    g.add_nodes_from(range(len(depths)))
     g.add_edges_from((p, i) for i, p in enumerate(parents) if p >= 0)
-    pos = nx.multipartite_layout(g, subset_key="depth", align="horizontal", scale=1.0)
+    rank: dict[int, int] = {}  # a node's place across its row
+    rows: dict[int, list[int]] = {}
+    for d in sorted(set(depths)):
+        row = sorted((i for i, di in enumerate(depths) if di == d), key=lambda i: (rank.get(parents[i], -1), i))
+        rank.update((i, n) for n, i in enumerate(row))
+        rows[d] = row
+    pos = nx.multipartite_layout(g, subset_key=rows, align="horizontal", scale=1.0)  # a dict keeps row order
     return {i: (float(x), -float(depths[i])) for i, (x, _) in pos.items()}
 
 

@@ -53,6 +53,9 @@ def test_ptd_session_draws_both_trees(hub):
     drawn = [t for t in draft_fig.data if t.mode == "markers+text"]
     assert sum(len(t.x) for t in drawn) == len(step.draft_tree.tokens)
     assert "new" in step.draft_tree.sources and "expand" in phases
+    from components.session import PAGE_MIN_DRAFT  # the page keeps a draft tree to watch, paying or not
+    assert all(s.forward_tokens - 1 - s.tree.size > 0 for s in sess.race.decoder.steps)
+    assert sess.race.decoder.config.max_nodes >= PAGE_MIN_DRAFT
     assert "PTD keeps no matrix" in str(heat_fig.layout.annotations[0].text)
     assert "Progressive Tree Drafting" in counters and "identical to greedy" in counters
     while not sess.race.done:
@@ -60,6 +63,21 @@ def test_ptd_session_draws_both_trees(hub):
     assert sess.race.figures()["identical"]
     with pytest.raises(UserError, match="Unknown method"):
         Session().step(hub, PROMPT, settings(method="medusa"), cap=256)
+
+
+def test_tree_layout_never_crosses_edges():
+    from components.tree_plot import tree_layout
+
+    # PTD's draft view: a branch added last at depth 1; rows whose node numbers iterate out of order as a set
+    for parents, depths in (([-1, 0, 0, 0, 0, 1, 1, 2, 3, 0], [0, 1, 1, 1, 1, 2, 2, 2, 2, 1]),
+                            ([-1, 0, 0, 2, 1, 1, 2, 0, 7, 3], [0, 1, 1, 2, 2, 2, 2, 1, 2, 3])):
+        pos = tree_layout(parents, depths)
+        assert all(pos[i][1] == -depths[i] for i in range(len(depths)))
+        edges = [(pos[p][0], pos[i][0], depths[i]) for i, p in enumerate(parents) if p >= 0]
+        for a_top, a_low, da in edges:
+            for b_top, b_low, db in edges:
+                if da == db:  # two edges between the same rows cross when their ends swap order
+                    assert (a_top - b_top) * (a_low - b_low) >= 0, (parents, pos)
 
 
 def test_sampling_session_races_plain_sampling(hub):

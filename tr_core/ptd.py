@@ -14,11 +14,15 @@ dozen token ids; the tensors of a step are built from them once per step):
   from the latest prediction (the step's bonus token) and dropping the oldest.  Depth control
   (*stepping*): a branch deeper than ``depth`` is re-rooted at its oldest child, whose subtree
   is kept while the stale first token and its other children are dropped.  ``max_nodes`` caps
-  the tree's size (our addition: on a CPU every node costs forward time).
+  the tree's size (our addition: on a CPU every node costs forward time); the whole tree rides
+  along, so where a planner sets the cap step by step it is also the number of riding nodes.
 * :class:`CandidateTries`: every path the draft tree grows is harvested as n-grams (``ngram``
   tokens, 4 by default) into a trie keyed by the n-gram's first token; each trie holds at most
   ``max_nodes`` nodes (60), the least recently refreshed leaves going first.  The trie keyed by
-  the last committed token is the candidate tree verified in the next forward.
+  the last committed token is the candidate tree verified in the next forward.  With
+  ``harvest_context`` (our addition, the CPU default) the context's own n-grams go in too: the
+  prompt's at the start, each committed token's after its step.  Entries only the draft tree put
+  there are marked, so the planner can tell what the draft tree's riding nodes bring.
 
 Where the paper leaves a detail open, the choices above are ours and are documented in the README.
 """
@@ -27,6 +31,7 @@ from __future__ import annotations
 import heapq
 import random
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from .planner import DecayedRates
 
@@ -42,7 +47,8 @@ class PTDConfig:
     seed_chain: int = 2  # prompt tokens per seed branch
     seed: int = 0  # random seed for the seed branches
     cost_aware: bool = False  # cut candidates and draft nodes to what pays on this device (PTDPlanner)
-    harvest_output: bool = False  # also harvest the committed text's n-grams into the tries (our addition)
+    harvest_context: bool = False  # also harvest the prompt's and the committed text's n-grams (our addition)
+    min_draft: int = 0  # draft nodes that ride along even where the planner finds they do not pay
 
     @classmethod
     def paper(cls) -> "PTDConfig":
@@ -52,9 +58,9 @@ class PTDConfig:
     @classmethod
     def for_device(cls, device) -> "PTDConfig":
         """The device default: the paper's settings on a GPU; where extra tokens cost, cost-aware and
-        harvesting the committed text too (a few draft nodes a step harvest too little on their own)."""
+        harvesting the context too (the few draft nodes that can ride along harvest little on their own)."""
         costly = getattr(device, "type", str(device)) != "cuda"
-        return cls(cost_aware=costly, harvest_output=costly)
+        return cls(cost_aware=costly, harvest_context=costly)
 
 
 class _Node:
@@ -83,13 +89,13 @@ class DraftForest:
         self.branches: list[_Node] = []  # oldest first
 
     def seed(self, prompt: list[int]) -> None:
-        """Start from ``root_window`` random stretches of the prompt (``seed_chain`` tokens each), as
-        far as ``max_nodes`` allows."""
+        """Start from ``root_window`` random stretches of the prompt (``seed_chain`` tokens each), in
+        at most half of ``max_nodes`` (the rest is room for the first steps' expansion)."""
         cfg, rng = self.config, random.Random(self.config.seed)
         self.branches = []
         if not prompt:
             return
-        room = cfg.max_nodes
+        room = cfg.max_nodes // 2
         for _ in range(cfg.root_window):
             start = rng.randrange(len(prompt))
             chain = prompt[start:start + min(cfg.seed_chain, room)]
@@ -170,38 +176,68 @@ def _height(node: _Node) -> int:
     return 1 + max((_height(c) for c in node.children), default=0)
 
 
+class Candidates(NamedTuple):
+    """A candidate tree under a root, in BFS order (node indices count the root as 0)."""
+
+    tokens: list[int]
+    parents: list[int]  # 0 = the root
+    depths: list[int]  # 1 = a child of the root
+    drafted: list[bool]  # put in the trie by the draft tree alone (not also found in the context)
+
+    def keep(self, indices: list[int]) -> "Candidates":
+        """Only the candidates ``indices`` (a parent before its children), parents re-indexed."""
+        index = {i + 1: n + 1 for n, i in enumerate(indices)}
+        index[0] = 0
+        return Candidates([self.tokens[i] for i in indices], [index[self.parents[i]] for i in indices],
+                          [self.depths[i] for i in indices], [self.drafted[i] for i in indices])
+
+
 class CandidateTries:
     """Per-first-token tries of harvested n-grams, each capped at ``max_nodes`` nodes."""
 
     def __init__(self, max_nodes: int = 60, ngram: int = 4):
         self.max_nodes, self.ngram = max_nodes, ngram
         self.tries: dict[int, dict[tuple[int, ...], int]] = {}  # key token -> {suffix path: last touched}
+        self.children: dict[int, dict[tuple[int, ...], int]] = {}  # key token -> {suffix path: children}
+        self.drafted: set[tuple[int, tuple[int, ...]]] = set()  # (key, path) put there by the draft tree only
         self.clock = 0
 
-    def harvest(self, path: list[int]) -> None:
+    def harvest(self, path: list[int], drafted: bool = False) -> None:
         """Insert the n-gram ending at ``path``'s last token (shorter where the path is): keyed by its
-        first token, the rest as a path in that trie."""
+        first token, the rest as a path in that trie.  ``drafted``: the path comes from the draft tree."""
         if len(path) < 2:
             return
         gram = path[-self.ngram:]
-        self.insert(gram[0], gram[1:])
+        self.insert(gram[0], gram[1:], drafted)
 
-    def insert(self, key: int, suffix: list[int]) -> None:
+    def insert(self, key: int, suffix: list[int], drafted: bool = False) -> None:
         self.clock += 1
-        trie = self.tries.setdefault(key, {})
+        trie, kids = self.tries.setdefault(key, {}), self.children.setdefault(key, {})
         for n in range(1, len(suffix) + 1):
-            trie[tuple(suffix[:n])] = self.clock
+            p = tuple(suffix[:n])
+            if p not in trie:
+                kids[p] = 0
+                if n > 1:
+                    kids[p[:-1]] += 1
+                if drafted:
+                    self.drafted.add((key, p))
+            elif not drafted:
+                self.drafted.discard((key, p))  # the context has it too
+            trie[p] = self.clock
         while len(trie) > self.max_nodes:
-            leaves = [p for p in trie if not any(len(o) == len(p) + 1 and o[:-1] == p for o in trie)]
-            del trie[min(leaves, key=trie.get)]
+            old = min((p for p, k in kids.items() if not k), key=trie.get)  # the stalest leaf
+            del trie[old], kids[old]
+            self.drafted.discard((key, old))
+            if len(old) > 1:
+                kids[old[:-1]] -= 1
 
-    def candidates(self, key: int) -> tuple[list[int], list[int], list[int]]:
-        """The trie of ``key`` as a tree under a root: ``(tokens, parents, depths)`` of its nodes in
-        BFS order (parent 0 = the root; node indices count the root as 0), newest first per level."""
+    def candidates(self, key: int) -> Candidates:
+        """The trie of ``key`` as a tree under a root, newest first per level."""
         trie = self.tries.get(key, {})
         order = sorted(trie, key=lambda p: (len(p), -trie[p]))
         index = {p: i + 1 for i, p in enumerate(order)}
-        return ([p[-1] for p in order], [index.get(p[:-1], 0) for p in order], [len(p) for p in order])
+        return Candidates([p[-1] for p in order], [index.get(p[:-1], 0) for p in order], [len(p) for p in order],
+                          [(key, p) in self.drafted for p in order])
 
     def __len__(self) -> int:
         return sum(len(t) for t in self.tries.values())
@@ -210,7 +246,10 @@ class CandidateTries:
 # ---- cost awareness (our addition: on a CPU every verified or riding token costs forward time) ----
 PRIOR_ACCEPT = 0.3  # prior P(a depth-1 candidate is accepted); each level deeper multiplies by PRIOR_DECAY
 PRIOR_DECAY = 0.6
-DRAFT_SHARE = 0.10  # draft nodes ride along as long as they add at most this share to a one-token forward
+# Prior tokens accepted, per draft node that rode along, from n-grams only the draft tree harvested.
+# A round guess, not fitted: what the draft tree brings is measured online (DraftYield).
+PRIOR_DRAFT_YIELD = 0.01
+DRAFT_PRIOR_NODES = 100.0  # the prior counts as this many riding nodes
 
 
 @dataclass
@@ -221,6 +260,27 @@ class CandidateRates(DecayedRates):
     decay: float = 0.97
     trials: dict = field(default_factory=dict)
     hits: dict = field(default_factory=dict)
+
+
+@dataclass
+class DraftYield:
+    """What the draft tree brings: tokens accepted from n-grams only it harvested, per draft node
+    that rode along, both faded by ``decay`` every step and shrunk towards ``PRIOR_DRAFT_YIELD``.
+    (Its n-grams are verified steps after they were grown, so this is a rate over recent steps,
+    not a per-step credit.  Not a :class:`DecayedRates`: a step brings many trials, one per riding
+    node, and one rate for all of them.)"""
+
+    decay: float = 0.97
+    nodes: float = 0.0
+    tokens: float = 0.0
+
+    def count(self, riding: int, tokens: int) -> None:
+        self.nodes = self.decay * self.nodes + riding
+        self.tokens = self.decay * self.tokens + tokens
+
+    @property
+    def rate(self) -> float:
+        return (self.tokens + DRAFT_PRIOR_NODES * PRIOR_DRAFT_YIELD) / (self.nodes + DRAFT_PRIOR_NODES)
 
 
 def candidate_keys(parents: list[int], depths: list[int]) -> list[tuple[int, int]]:
@@ -241,8 +301,10 @@ class PTDPlanner:
     Candidates are taken best-first by their estimated acceptance (online by depth and sibling
     rank, faded, shrunk towards a geometric prior; a parent before its children) while they raise
     expected tokens per second, ``(1 + sum of p) / cost(1 + candidates + draft nodes)``, as TR's
-    planner grows its tree.  The draft tree is capped at the most nodes whose extra cost stays
-    within ``DRAFT_SHARE`` of a one-token forward."""
+    planner grows its tree.  The draft tree rides along with as many nodes ``d`` as maximise
+    ``(1 + gain + y d) / cost(1 + candidates + d)``, ``y`` being what a riding node has brought lately
+    (:class:`DraftYield`): all of them where extra tokens are free, none where they cost more than
+    they bring."""
 
     def __init__(self, cost, max_nodes: int):
         """``cost``: the measured cost curve; reset() takes this planner's own copy to refit."""
@@ -253,19 +315,41 @@ class PTDPlanner:
     def reset(self) -> None:
         """Back to the prior: no acceptance seen, the measured cost curve, greedy decoding."""
         self.cost = self.cost.fresh()
-        self.by_temperature: dict[float, CandidateRates] = {}
+        self.by_temperature: dict[float, tuple[CandidateRates, DraftYield]] = {}
         self.cache: int | None = None
         self.use_temperature(0.0)
 
     def use_temperature(self, temperature: float) -> None:
-        """Candidates' acceptance is kept per temperature (0: greedy): random draws match them less often."""
-        self.rates = self.by_temperature.setdefault(round(float(temperature), 2), CandidateRates())
+        """Acceptance is kept per temperature (0: greedy): random draws match drafts less often."""
+        key = round(float(temperature), 2)
+        self.rates, self.drafts = self.by_temperature.setdefault(key, (CandidateRates(), DraftYield()))
 
-    def draft_budget(self) -> int:
-        """The most draft nodes (up to ``max_nodes``) costing at most ``DRAFT_SHARE`` of a forward."""
-        one = self.cost(1, self.cache)
-        fits = [d for d in range(self.max_nodes + 1) if self.cost(1 + d, self.cache) <= (1 + DRAFT_SHARE) * one]
-        return max(fits, default=0)
+    def draft_budget(self, verified: int = 0, gain: float = 0.0) -> int:
+        """Draft nodes to carry (0 to ``max_nodes``) next to ``verified`` candidates expected to add
+        ``gain`` tokens: the most that maximise ``(1 + gain + y d) / cost(1 + verified + d)``."""
+        y, q = self.drafts.rate, 1 + verified
+        best, best_d = (1.0 + gain) / self.cost(q, self.cache), 0
+        for d in range(1, self.max_nodes + 1):
+            rate = (1.0 + gain + y * d) / self.cost(q + d, self.cache)
+            if rate > best:
+                best, best_d = rate, d
+        return best_d
+
+    def plan(self, parents: list[int], depths: list[int], min_riding: int = 0,
+             available: int | None = None) -> tuple[list[int], int]:
+        """The candidates to verify (indices, as :meth:`cut`) and the draft tree's size, together:
+        draft nodes pay only for the cost they add on top of the candidates.  ``available``: the draft
+        tree's nodes now (the candidates are cut for what really rides along; the size may be more,
+        room for the tree to grow); ``min_riding``: draft nodes carried whether they pay or not.
+        One pass: the candidates are cut again for the chosen size, the size is not re-chosen."""
+        min_riding = min(min_riding, self.max_nodes)
+        riding = lambda d: d if available is None else min(d, available)  # noqa: E731
+        keep = self.cut(parents, depths, riding=riding(min_riding))
+        keys = candidate_keys(parents, depths)
+        size = max(self.draft_budget(len(keep), sum(self.estimate(keys[i]) for i in keep)), min_riding)
+        if riding(size) != riding(min_riding):
+            keep = self.cut(parents, depths, riding=riding(size))
+        return keep, size
 
     def estimate(self, key: tuple[int, int]) -> float:
         depth, rank = key
@@ -293,16 +377,11 @@ class PTDPlanner:
         return sorted(chosen[:best_n])
 
     def record(self, keys: list[tuple[int, int]], accepted: list[int], forward_tokens: int, seconds: float,
-               cache: int) -> None:
-        """One step: every verified candidate's key a trial, the accepted ones' (indices) hits."""
+               cache: int, riding: int = 0, drafted_hits: int = 0) -> None:
+        """One step: every verified candidate's key a trial, the accepted ones' (indices) hits;
+        ``riding`` draft nodes rode along and ``drafted_hits`` accepted tokens came from n-grams only
+        the draft tree had harvested."""
         self.rates.count(keys, [keys[i] for i in accepted])
+        self.drafts.count(riding, drafted_hits)
         self.cache = cache
         self.cost.observe(forward_tokens, seconds, cache)
-
-
-def keep_candidates(cand: list[int], parents: list[int], depths: list[int], keep: list[int]):
-    """The candidate tree restricted to ``keep`` (indices, a parent before its children): tokens,
-    parents re-indexed (the root stays 0), depths."""
-    index = {i + 1: n + 1 for n, i in enumerate(keep)}
-    index[0] = 0
-    return [cand[i] for i in keep], [index[parents[i]] for i in keep], [depths[i] for i in keep]

@@ -4,7 +4,8 @@ that verifies.
 Each step, in phases:
   1. retrieve  - the candidate trie keyed by the last committed token (``tr_core.ptd``) becomes
      the verified tree under the root (where extra tokens cost: only the candidates that pay,
-     ``PTDPlanner``); the draft tree rides along behind it in the same input
+     ``PTDPlanner``); the draft tree rides along behind it in the same input (where extra tokens
+     cost: as many of its nodes as pay for themselves, at least ``min_draft``)
   2. forward   - one forward: candidates see the cache, the root and their ancestors; draft
      nodes see the cache and their own ancestors
   3. verify    - the longest candidate path equal to the model's argmax, plus the model's token,
@@ -12,9 +13,10 @@ Each step, in phases:
   4. expand    - every draft node gains the model's argmax as a child; new paths are harvested
      into the tries; stepping and the root window prune
   5. prune     - keep only the accepted path's KV entries (the draft nodes' entries go too)
-  6. harvest   - (``harvest_output``, the CPU default) the n-grams ending at each committed token go
-     into the tries too: the verified text is the model's own prediction on the live context, and
-     where only a few draft nodes can ride along it is most of what the tries get
+  6. harvest   - (``harvest_context``, the CPU default) the n-grams ending at each committed token go
+     into the tries too, as the prompt's did at the start: the verified text is the model's own
+     prediction on the live context, and where few draft nodes can ride along it is most of what
+     the tries get
 """
 from __future__ import annotations
 
@@ -24,7 +26,7 @@ import torch
 
 from ..cost import cost_curve_for
 from ..models import LoadedModel
-from ..ptd import CandidateTries, DraftForest, FlatForest, PTDConfig, PTDPlanner, candidate_keys, keep_candidates
+from ..ptd import CandidateTries, DraftForest, FlatForest, PTDConfig, PTDPlanner, candidate_keys
 from ..sampling import SamplingConfig
 from ..trace import DraftTree, Step
 from ..trees import TreeTensors
@@ -45,55 +47,59 @@ class ProgressiveTreeDecoder(TreeDecoder):
         if config.cost_aware:
             self.planner = planner or PTDPlanner(cost_curve_for(lm), config.max_nodes)
             self.planner.use_temperature(sampling.temperature if sampling is not None else 0.0)
-            config = replace(config, max_nodes=self.planner.draft_budget())  # this decoder's own copy
+            budget = max(self.planner.draft_budget(), min(config.min_draft, config.max_nodes))
+            config = replace(config, max_nodes=budget)  # this decoder's own copy: the size changes step by step
         self.config = config
         self.lookahead = max(self.config.ngram, self.config.depth) + 1
         self.forest = DraftForest(self.config)
         self.tries = CandidateTries(self.config.trie_nodes, self.config.ngram)
 
     def start(self, prompt_ids) -> None:
-        """Prefill as usual; the draft tree is seeded from the prompt and the tries start empty."""
+        """Prefill as usual; the draft tree is seeded from the prompt; the tries start empty, or
+        (``harvest_context``) with the prompt's n-grams."""
         super().start(prompt_ids)
         self.forest.seed(self.prompt)
         self.tries = CandidateTries(self.config.trie_nodes, self.config.ngram)
+        if self.config.harvest_context:
+            self.harvest_text(len(self.prompt) - 1)
 
     @torch.inference_mode()
     def step(self) -> Step:
         self._check_running()
         clock, root = PhaseClock(self.lm.device), int(self.last)
         with clock.phase("retrieve"):
-            cand, cand_parents, cand_depths = self.tries.candidates(root)
-            if self.planner is not None:  # the draft tree's size follows the cost as it is now
-                self.config.max_nodes = self.planner.draft_budget()
+            cand = self.tries.candidates(root)
+            if self.planner is not None:  # what pays now: the candidates and the draft tree's size
+                keep, self.config.max_nodes = self.planner.plan(cand.parents, cand.depths, self.config.min_draft,
+                                                                available=len(self.forest.flatten().nodes))
+                cand = cand.keep(keep)
             flat = self.forest.flatten(self.config.max_nodes)
-            if self.planner is not None:
-                keep = self.planner.cut(cand_parents, cand_depths, len(flat.nodes))
-                cand, cand_parents, cand_depths = keep_candidates(cand, cand_parents, cand_depths, keep)
-            tokens, tree, m = self.step_input(root, cand, cand_parents, cand_depths, flat)
+            tokens, tree, m = self.step_input(root, cand.tokens, cand.parents, cand.depths, flat)
         logits, verdict, path = self.verify_tree(tokens, tree, clock, verified=m)
         if self.planner is not None:
-            self.planner.record(candidate_keys(cand_parents, cand_depths), [i - 1 for i in path[1:]],
-                                tokens.shape[0], clock.seconds["forward"],
-                                self.cache_length - tokens.shape[0])
+            accepted = [i - 1 for i in path[1:]]
+            self.planner.record(candidate_keys(cand.parents, cand.depths), accepted, tokens.shape[0],
+                                clock.seconds["forward"], self.cache_length - tokens.shape[0],
+                                riding=len(flat.nodes), drafted_hits=sum(cand.drafted[i] for i in accepted))
         with clock.phase("expand"):
             choices = logits[m:].argmax(dim=-1).tolist() if flat.nodes else []  # drafts grow greedily
             for p in self.forest.expand(flat, choices):
-                self.tries.harvest(p)
+                self.tries.harvest(p, drafted=True)
             grown = self.forest.flatten()
             self.forest.step_depth()
             self.forest.add_branch(int(verdict.bonus))
             draft = growth_view(root, flat, grown, self.forest.flatten())
-        step = self.finish_tree_step(tokens, tree, ["root"] + ["trie"] * len(cand), verdict, path, clock,
+        step = self.finish_tree_step(tokens, tree, ["root"] + ["trie"] * len(cand.tokens), verdict, path, clock,
                                      verified=m)
         step.draft_tree = draft
-        if self.config.harvest_output:
-            self.harvest_committed(len(step.committed))
+        if self.config.harvest_context:
+            self.harvest_text(len(step.committed))
         return step
 
-    def harvest_committed(self, count: int) -> None:
-        """Harvest the n-gram ending at each of the last ``count`` committed tokens (prompt included)."""
+    def harvest_text(self, count: int) -> None:
+        """Harvest the n-gram ending at each of the context's last ``count`` tokens (prompt and output)."""
         context, n = self.prompt + self.output, self.config.ngram
-        for j in range(len(context) - count, len(context)):
+        for j in range(max(len(context) - count, 1), len(context)):
             self.tries.harvest(context[max(0, j - n + 1):j + 1])
 
     def step_input(self, root: int, cand: list[int], cand_parents: list[int], cand_depths: list[int],
