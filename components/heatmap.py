@@ -29,7 +29,7 @@ def heatmap_figure(step: Step | None, token_text, frame: int = 0, picked: list[i
     titled(fig, "The matrix M: each token's k candidates", BEFORE if before else AFTER)
     if step is None or not step.rows_written:
         words = {"greedy": "Greedy decoding keeps no matrix",
-                 "ptd": "PTD keeps no matrix: its drafts are n-grams<br>from its draft tree (and the prompt and text so far)"}
+                 "ptd": "PTD keeps no matrix: its drafts are n-grams<br>from its tries (see the phase strip)"}
         fig.add_annotation(text=words.get(step.method, "No rows written yet") if step else
                            "No rows yet: press Step. " + EMPTY_START, showarrow=False, font_size=13)
         fig.update_layout(xaxis=dict(visible=False), yaxis=dict(visible=False))

@@ -19,9 +19,8 @@ def tree_layout(parents: list[int], depths: list[int]) -> dict[int, tuple[float,
     parents (then their own index), so that no two edges cross."""
     if len(depths) == 1:
         return {0: (0.0, 0.0)}
-    g = nx.DiGraph()
+    g = nx.Graph()
     g.add_nodes_from(range(len(depths)))
-    g.add_edges_from((p, i) for i, p in enumerate(parents) if p >= 0)
     rank: dict[int, int] = {}  # a node's place across its row
     rows: dict[int, list[int]] = {}
     for d in sorted(set(depths)):

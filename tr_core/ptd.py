@@ -14,8 +14,9 @@ dozen token ids; the tensors of a step are built from them once per step):
   from the latest prediction (the step's bonus token) and dropping the oldest.  Depth control
   (*stepping*): a branch deeper than ``depth`` is re-rooted at its oldest child, whose subtree
   is kept while the stale first token and its other children are dropped.  ``max_nodes`` caps
-  the tree's size (our addition: on a CPU every node costs forward time); the whole tree rides
-  along, so where a planner sets the cap step by step it is also the number of riding nodes.
+  the tree's size (our addition: on a CPU every node costs forward time); where a planner sets
+  the cap step by step, at most that many nodes ride (the first in BFS order) and the tree grows
+  only while it is smaller than the cap.
 * :class:`CandidateTries`: every path the draft tree grows is harvested as n-grams (``ngram``
   tokens, 4 by default) into a trie keyed by the n-gram's first token; each trie holds at most
   ``max_nodes`` nodes (60), the least recently refreshed leaves going first.  The trie keyed by
@@ -268,7 +269,8 @@ class DraftYield:
     that rode along, both faded by ``decay`` every step and shrunk towards ``PRIOR_DRAFT_YIELD``.
     (Its n-grams are verified steps after they were grown, so this is a rate over recent steps,
     not a per-step credit.  Not a :class:`DecayedRates`: a step brings many trials, one per riding
-    node, and one rate for all of them.)"""
+    node, and one rate for all of them.)  Measured only while nodes ride: when none do, it fades back
+    to the prior, so where the prior pays the draft tree is tried again now and then."""
 
     decay: float = 0.97
     nodes: float = 0.0
@@ -326,7 +328,7 @@ class PTDPlanner:
 
     def draft_budget(self, verified: int = 0, gain: float = 0.0) -> int:
         """Draft nodes to carry (0 to ``max_nodes``) next to ``verified`` candidates expected to add
-        ``gain`` tokens: the most that maximise ``(1 + gain + y d) / cost(1 + verified + d)``."""
+        ``gain`` tokens: the fewest that maximise ``(1 + gain + y d) / cost(1 + verified + d)``."""
         y, q = self.drafts.rate, 1 + verified
         best, best_d = (1.0 + gain) / self.cost(q, self.cache), 0
         for d in range(1, self.max_nodes + 1):
