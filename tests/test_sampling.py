@@ -5,6 +5,8 @@ import torch
 
 from tr_core import AdjacencyMatrix, GreedyDecoder, TokenRecyclingDecoder
 from tr_core.decoders import ProgressiveTreeDecoder, PromptLookupDecoder
+from tr_core.cost import CostCurve
+from tr_core.ptd import PTDConfig, PTDPlanner
 from tr_core.sampling import Sampler, SamplingConfig
 from tr_core.verify import Verdict, verify_greedy
 
@@ -41,6 +43,24 @@ def test_same_seed_same_output(tiny_lm, make):
     b = make(tiny_lm, SamplingConfig(seed=7, **CONFIG)).generate(PROMPT)
     others = {tuple(make(tiny_lm, SamplingConfig(seed=s, **CONFIG)).generate(PROMPT)) for s in range(8, 12)}
     assert a == b and len(others | {tuple(a)}) > 1
+
+
+@pytest.mark.parametrize("make", [
+    lambda lm, s: TokenRecyclingDecoder(lm, max_new_tokens=30, sampling=s),  # the cost-aware auto tree
+    lambda lm, s: ProgressiveTreeDecoder(lm, 30, PTDConfig.for_device(lm.device), s, planner=PTDPlanner(
+        CostCurve([1, 101], [1.0, 1.3]), 48)),  # cost-aware: refitted on the timings it sees; cheap at first
+    lambda lm, s: PromptLookupDecoder(lm, 30, sampling=s),
+])
+def test_a_seed_gives_plain_samplings_text_whatever_the_tree(tiny_lm, make):
+    """A draw depends on the seed and the position only, so trees chosen by timing change nothing: in
+    float32 the text is plain sampling's with the same seed, token for token."""
+    accepted = 0
+    for seed in range(4):
+        plain = GreedyDecoder(tiny_lm, 30, sampling=SamplingConfig(seed=seed, **CONFIG)).generate(PROMPT)
+        dec = make(tiny_lm, SamplingConfig(seed=seed, **CONFIG))
+        assert dec.generate(PROMPT) == plain, seed
+        accepted += sum(s.accepted_drafts for s in dec.steps)
+    assert accepted > 0, "no draft was accepted: the walk was not exercised"
 
 
 def test_step_trace_shows_the_draws(tiny_lm):
@@ -120,9 +140,9 @@ def test_tr_sampling_has_plain_sampling_distribution(tiny_lm, warm_matrix):
 
 def test_a_wrong_rule_fails_the_same_test(tiny_lm, warm_matrix, monkeypatch):
     """'Accept the model's most likely child, then sample its own token' is biased: the test sees it."""
-    def most_likely_child(tokens, logits, tree, sampler):
+    def most_likely_child(tokens, logits, tree, sampler, positions):
         greedy = verify_greedy(tokens, logits, tree)
-        draws = sampler.draw(logits)
+        draws = sampler.draw(logits, positions)
         return Verdict(path=greedy.path, bonus=draws[greedy.path[-1]], choices=draws)
 
     import tr_core.decoders.tree_step as tree_step

@@ -26,14 +26,16 @@ def verify_greedy(tokens: torch.Tensor, logits: torch.Tensor, tree: TreeTensors)
     return accept_path(tokens, logits.argmax(dim=-1), tree)
 
 
-def verify_sampled(tokens: torch.Tensor, logits: torch.Tensor, tree: TreeTensors, sampler) -> Verdict:
-    """Lossless sampling (see ``tr_core.sampling``): a draw at every node; walk from the root to the
-    child equal to the draw, while there is one; commit the draws along the walk.
+def verify_sampled(tokens: torch.Tensor, logits: torch.Tensor, tree: TreeTensors, sampler,
+                   positions: torch.Tensor) -> Verdict:
+    """Lossless sampling (see ``tr_core.sampling``): a draw at every node (``positions [q]``: each
+    node's position, which picks its uniform); walk from the root to the child equal to the draw,
+    while there is one; commit the draws along the walk.
 
     Children with a token equal to an earlier sibling's are skipped, so that at most one child
     can match a draw and the walk never looks at draws below it to choose a branch (which would
     bias the output towards drafted tokens)."""
-    draws = sampler.draw(logits)  # [q]
+    draws = sampler.draw(logits, positions)  # [q]
     q = tokens.shape[0]
     idx = torch.arange(q, device=tokens.device)
     twin = (tree.parents[:, None] == tree.parents[None, :]) & (tokens[:, None] == tokens[None, :]) \

@@ -20,7 +20,8 @@ class GreedyDecoder(Decoder):
         with clock.phase("forward"):
             logits = self.forward(self.last.view(1, 1))  # [1, vocab]
         with clock.phase("verify"):
-            choice = self.sampler.draw(logits[-1:])[0] if self.sampler else logits[-1].argmax()
+            where = torch.tensor([past], device=logits.device)  # the fed token's position
+            choice = self.sampler.draw(logits[-1:], where)[0] if self.sampler else logits[-1].argmax()
             token = int(choice)
         self.last = choice
         committed = self.commit([token])

@@ -31,7 +31,7 @@ class TreeDecoder(Decoder):
             m = tokens.shape[0] if verified is None else verified
             head = tree if m == tokens.shape[0] else tree.head(m)
             if self.sampler is not None:
-                verdict = verify_sampled(tokens[:m], logits[:m], head, self.sampler)
+                verdict = verify_sampled(tokens[:m], logits[:m], head, self.sampler, positions[0, :m])
             else:
                 verdict = verify_greedy(tokens[:m], logits[:m], head)
             path = verdict.path.tolist()
