@@ -16,12 +16,14 @@ import gradio as gr
 from components.compare import compare_handler
 from components.handlers import Handlers, gpu_wrapped, ui_running
 from components.model_hub import ModelHub
+from components.recorded import Recorder, load_at_start_up
 from components.run_files import RunFiles, example_runs
 from components.session import METHODS
 from components.startup import warm_up
 from components.zerogpu import gpu_task
-from tr_core.decoders.recycling import default_lookup, default_tree_name
-from tr_core.models import EMBEDDED_LABEL, pick_device
+from tr_core.decoders.recycling import DEFAULT_LOOKUP, DEFAULT_TREE
+from tr_core.devices import on_zero_gpu
+from tr_core.models import EMBEDDED_LABEL
 from tr_core.trees import list_presets
 
 ASSETS = Path(__file__).with_name("assets")
@@ -36,7 +38,9 @@ def build_app(hub: ModelHub, cap: int = 256, default_tokens: int = 96, matrix_pa
               on_session_end=None) -> gr.Blocks:
     """``matrix_path``: a hot-start matrix file shared on purpose (each session starts from its own copy;
     "Save matrix" writes it back).  ``on_session_end(session)`` is called after a session is freed."""
-    h = Handlers(hub, cap, matrix_path, on_session_end)
+    recorder = Recorder(hub) if on_zero_gpu() else None  # ZeroGPU: one GPU call per run (components.recorded)
+    h = Handlers(hub, cap, matrix_path, on_session_end,
+                 record=gpu_task(duration=120)(recorder.record) if recorder else None)
     with gr.Blocks(title="Token Recycling, step by step") as demo:
         session = gr.State(None, time_to_live=3600, delete_callback=h.end_session)
         gr.HTML(INTRO, elem_id="intro")
@@ -45,7 +49,7 @@ def build_app(hub: ModelHub, cap: int = 256, default_tokens: int = 96, matrix_pa
                 ui = step_tab(hub, cap, default_tokens)
             with gr.Tab("Compare methods", elem_id="compare"):
                 cmp = compare_tab()
-        wire(demo, h, session, ui, cmp, hub, cap)
+        wire(demo, h, session, ui, cmp, hub, cap, recorder)
     return demo
 
 
@@ -110,19 +114,18 @@ def step_tab(hub: ModelHub, cap: int, default_tokens: int) -> dict:
 
 def settings_panel(hub: ModelHub, cap: int, default_tokens: int) -> dict:
     """Model, tree, k, tokens, hot start, lookup, sampling; the matrix file (TR's settings)."""
-    device = pick_device(hub.device)
     s: dict = {}
     with gr.Accordion("Settings", open=False, elem_id="settings"):
         default_model = EMBEDDED_LABEL if hub.default == "embedded" else hub.default
         s["model"] = gr.Dropdown(list(dict.fromkeys([default_model, *MODEL_CHOICES])), value=default_model,
                                  allow_custom_value=True, label="Model (a Hugging Face id; a GPU host for big ones)")
-        s["tree"] = gr.Dropdown(["auto", *list_presets(), "chain-4"], value=default_tree_name(device),
+        s["tree"] = gr.Dropdown(["auto", *list_presets(), "chain-4"], value=DEFAULT_TREE,
                                 allow_custom_value=True, elem_id="tree-field",
                                 label="Draft tree (a preset, chain-N, or JSON rank paths like [[0],[1],[0,0]])")
         s["k"] = gr.Slider(1, 8, value=8, step=1, label="k (candidates per matrix row)")
         s["max_new"] = gr.Slider(1, cap, value=min(default_tokens, cap), step=1, label="Max new tokens")
         s["hot"] = gr.Checkbox(True, label="Hot start (keep the matrix between prompts)")
-        s["lookup"] = gr.Checkbox(default_lookup(device) > 0, label="Merge prompt lookup into the tree")
+        s["lookup"] = gr.Checkbox(DEFAULT_LOOKUP > 0, label="Merge prompt lookup into the tree")
         s["temperature"] = gr.Slider(0, 2, value=0, step=0.05, elem_id="temperature",
                                      label="Temperature (0 = greedy; above 0 = lossless sampling)")
         s["top_p"] = gr.Slider(0.05, 1, value=1, step=0.05, label="Top-p", elem_id="top-p")
@@ -145,7 +148,8 @@ def compare_tab() -> dict:
     return c
 
 
-def wire(demo: gr.Blocks, h: Handlers, session, ui: dict, cmp: dict, hub: ModelHub, cap: int) -> None:
+def wire(demo: gr.Blocks, h: Handlers, session, ui: dict, cmp: dict, hub: ModelHub, cap: int,
+         recorder: Recorder | None = None) -> None:
     """Events: model work in one concurrency group (one forward at a time); the rest answers at once."""
     s, gpu, files = ui["settings"], gpu_wrapped(h), RunFiles(h)
     settings_inputs = [s[k] for k in ("model", "tree", "k", "max_new", "hot", "lookup")] + [ui["method"]] + \
@@ -183,27 +187,32 @@ def wire(demo: gr.Blocks, h: Handlers, session, ui: dict, cmp: dict, hub: ModelH
     s["reset_matrix"].click(h.reset_matrix, session, views, **model)
     s["save_matrix"].click(h.save_matrix, session, [session, s["matrix_file"], ui["status"]], **model)
     s["load_matrix"].upload(h.load_matrix, [s["load_matrix"], *settings_inputs, session], views, **model)
-    cmp["go"].click(gpu_task(compare_handler(hub, cap)), [ui["prompt"], s["model"], s["max_new"]],
-                    [cmp["plot"], cmp["table"]], **model)
-    demo.load(gpu_task(warm_or_say_handler(hub)), None, ui["status"], **model)
+    if recorder is not None:  # ZeroGPU: the handlers stay in this process; their GPU work is one call each
+        compare = compare_handler(hub, cap, rows_on_gpu=gpu_task(duration=120)(recorder.compare))
+        warm = warm_or_say_handler(hub, curve_on_gpu=gpu_task(recorder.cost_curve))
+    else:
+        compare, warm = gpu_task(compare_handler(hub, cap)), gpu_task(warm_or_say_handler(hub))
+    cmp["go"].click(compare, [ui["prompt"], s["model"], s["max_new"]], [cmp["plot"], cmp["table"]],
+                    api_name="compare", **model)
+    demo.load(warm, None, ui["status"], **model)
     demo.load(lambda: h.render(h.session(None, None))[1:-1], None, views[1:-1])  # not the status: warm-up's
     demo.unload(h.on_unload)
 
 
-def warm_or_say_handler(hub: ModelHub):
-    """The page-load handler: the model and its cost curve (on the GPU, on ZeroGPU)."""
+def warm_or_say_handler(hub: ModelHub, curve_on_gpu=None):
+    """The page-load handler: the model and its cost curve (``curve_on_gpu``: measured in a ZeroGPU call)."""
     def warm_up(progress=gr.Progress()) -> str:
-        return warm_or_say(hub, progress)
+        return warm_or_say(hub, progress, curve_on_gpu)
     return warm_up
 
 
-def warm_or_say(hub: ModelHub, progress) -> str:
+def warm_or_say(hub: ModelHub, progress, curve_on_gpu=None) -> str:
     """Start-up in words: ready, or why not (the page still opens and replays run files)."""
     from components.handlers import error_text
     from tr_core.models import ModelLoadError
 
     try:
-        return warm_up(hub, progress)
+        return warm_up(hub, progress, curve_on_gpu)
     except ModelLoadError as err:
         return f"⚠️ {err} Example runs and run files still replay without a model."
     except Exception as err:
@@ -230,6 +239,8 @@ def main(argv: list[str] | None = None) -> None:
                     help="hot-start matrix file shared by all sessions (each starts from a copy; operator only)")
     args = ap.parse_args(argv)
     hub = ModelHub(args.device, args.dtype, default=args.model)
+    if on_zero_gpu():
+        load_at_start_up(hub)  # outside any GPU call: a GPU call's memory is thrown away when it returns
     demo = build_app(hub, cap=args.max_new_tokens_cap, matrix_path=args.matrix)
     serve(demo, args.host, args.port, args.queue_size)
 

@@ -5,10 +5,12 @@ from __future__ import annotations
 import html
 
 import plotly.graph_objects as go
+import torch
 from plotly.subplots import make_subplots
 
 from tr_core import GreedyDecoder, PromptLookupDecoder, TokenRecyclingDecoder
 from tr_core.decoders import ProgressiveTreeDecoder
+from tr_core.race import timed_step
 
 COLORS = {"greedy": "#7f8c9a", "TR (auto)": "#2e9d4f", "TR (paper-80)": "#1f4e99", "PTD": "#d0455b",
           "PLD": "#8e44ad"}
@@ -31,7 +33,7 @@ def compare_methods(lm, prompt: str, max_new_tokens: int, progress=None) -> list
         dec.start(ids)
         tokens, seconds = [0], [0.0]
         while not dec.done:
-            step = dec.step()
+            step = timed_step(dec)
             tokens.append(tokens[-1] + len(step.committed))
             seconds.append(seconds[-1] + step.seconds)
         rows.append({"name": name, "tokens": tokens, "seconds": seconds, "output": list(dec.output)})
@@ -73,11 +75,28 @@ def compare_table(rows: list[dict]) -> str:
     return head + "".join(body) + "</table>" + note
 
 
-def compare_handler(hub, cap: int):
-    """The Compare tab's button: the prompt and settings in, the chart and table out (words on a refusal)."""
-    import gradio as gr
-
+def compare_rows(hub, prompt: str, model: str, max_new: int, progress=None) -> list[dict] | str:
+    """:func:`compare_methods` on the hub's model, or the refusal in words (plain data either way, so
+    that it can cross a ZeroGPU call)."""
     from tr_core.decoders import DecodeError
+    from tr_core.devices import oom_message
+
+    try:
+        lm = hub.get(model)
+    except Exception as err:  # a model that cannot load, in words
+        return str(err)
+    try:
+        return compare_methods(lm, str(prompt), int(max_new), progress)
+    except DecodeError as err:  # e.g. a prompt too long for the model's context
+        return str(err)
+    except torch.OutOfMemoryError:
+        return oom_message(lm.name, lm.dtype, lm.device)
+
+
+def compare_handler(hub, cap: int, rows_on_gpu=None):
+    """The Compare tab's button: the prompt and settings in, the chart and table out (words on a refusal).
+    ``rows_on_gpu(prompt, model, max_new)``: where the methods run (ZeroGPU: one GPU call, no progress)."""
+    import gradio as gr
 
     from .session import UserError, check_prompt
 
@@ -86,14 +105,13 @@ def compare_handler(hub, cap: int):
             check_prompt(prompt)
             if not 1 <= int(max_new or 0) <= cap:
                 raise UserError(f"Max new tokens must be between 1 and {cap}.")
-            try:
-                lm = hub.get(model)
-            except Exception as err:
-                raise UserError(str(err)) from None
-            try:
-                rows = compare_methods(lm, str(prompt), int(max_new), progress)
-            except DecodeError as err:  # e.g. a prompt too long for the model's context
-                raise UserError(str(err)) from None
+            if rows_on_gpu is not None:
+                progress(0.1, desc="Running every method to the end on the GPU")
+                rows = rows_on_gpu(str(prompt), model, int(max_new))
+            else:
+                rows = compare_rows(hub, str(prompt), model, int(max_new), progress)
+            if isinstance(rows, str):
+                raise UserError(rows)
         except UserError as err:
             gr.Warning(str(err))
             return gr.skip(), f"<div class='status warn'>⚠️ {html.escape(str(err))}</div>"

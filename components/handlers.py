@@ -1,12 +1,17 @@
 """The page's event handlers: step, run (with Stop), play, reset, history, Teach frames, linked views.
 
 Every handler takes the tab's ``Session`` (``gr.State``) and returns it with every panel redrawn
-(``VIEW`` outputs), so a live race and a replayed run file go through the same code.
+(``VIEW`` outputs), so a live race, a run recorded on ZeroGPU (``components.recorded``) and a replayed
+run file go through the same code.
 """
 from __future__ import annotations
 
+import time
+
 import gradio as gr
 import torch
+
+from tr_core.devices import oom_message, release_device_memory
 
 from .memory import release_freed_memory
 from .model_hub import ModelHub
@@ -14,12 +19,17 @@ from .panels import draw_panels
 from .session import METHODS, Session, Settings, UserError
 from .zerogpu import gpu_task
 
+IDLE_SECONDS = 300  # a tab idle this long gives its KV caches back (rebuilt when it steps again)
+RESET_WAIT = 30.0  # Reset waits at most this long for the tab's step in flight to end
 
-def error_text(err: BaseException) -> str:
+
+def error_text(err: BaseException, header: dict | None = None) -> str:
     if isinstance(err, UserError):
         return f"⚠️ {err}"
     if isinstance(err, torch.OutOfMemoryError):
-        return "⚠️ The device ran out of memory; this session was reset. Try a smaller tree or fewer tokens."
+        h = header or {}
+        return (f"⚠️ {oom_message(h.get('model', 'the model'), h.get('dtype', '?'), h.get('device', 'cpu'))} "
+                "This session was reset.")
     return f"⚠️ Something went wrong ({type(err).__name__}: {err}); this session was reset."
 
 
@@ -32,8 +42,12 @@ def make_settings(model, tree, k, max_new, hot, lookup, method, temperature=0.0,
 class Handlers:
     """Bound to one app: its model hub, token cap, hot-start file and live sessions (by browser tab)."""
 
-    def __init__(self, hub: ModelHub, cap: int, matrix_path: str | None = None, on_session_end=None):
+    def __init__(self, hub: ModelHub, cap: int, matrix_path: str | None = None, on_session_end=None,
+                 record=None):
+        """``record``: ZeroGPU's way of stepping (``components.recorded.Recorder.record`` under
+        ``spaces.GPU``): each run is decoded whole in one GPU call and stepped through here."""
         self.hub, self.cap, self.matrix_path, self.on_session_end = hub, cap, matrix_path, on_session_end
+        self.record = record
         self.live: dict[str, Session] = {}
 
     # ---- sessions ---------------------------------------------------------------------------
@@ -56,6 +70,24 @@ class Handlers:
     def on_unload(self, request: gr.Request) -> None:
         self.end_session(self.live.get(request.session_hash))
 
+    def free_idle(self, now: float | None = None) -> int:
+        """Free the KV caches of tabs idle for ``IDLE_SECONDS``; how many were freed."""
+        now = time.monotonic() if now is None else now
+        freed = sum(s.release_caches() for s in list(self.live.values()) if now - s.last_active > IDLE_SECONDS)
+        if freed:
+            release_freed_memory()
+            release_device_memory()
+        return freed
+
+    def advance(self, sess: Session, prompt, s: Settings) -> None:
+        """One step of the tab's run, live or (ZeroGPU) recorded; every other tab's idle caches go."""
+        sess.last_active = time.monotonic()
+        self.free_idle()
+        if self.record is not None:
+            sess.reveal(self.record, prompt, s, self.cap)
+        else:
+            sess.step(self.hub, prompt, s, self.cap)
+
     # ---- drawing ----------------------------------------------------------------------------
     def render(self, sess: Session, message: str = "") -> tuple:
         """(session, *panels, history slider, status): status last, as the API has always had it."""
@@ -68,10 +100,14 @@ class Handlers:
 
     def failed(self, sess: Session, err: Exception) -> tuple:
         """Every failure becomes words in the page (and a toast); an unexpected one resets the session."""
+        text = error_text(err, sess.header)
         if not isinstance(err, UserError):
             sess.reset()
-        gr.Warning(error_text(err).removeprefix("⚠️ "))
-        return self.render(sess, error_text(err))
+        if isinstance(err, torch.OutOfMemoryError):
+            release_freed_memory()
+            release_device_memory()
+        gr.Warning(text.removeprefix("⚠️ "))
+        return self.render(sess, text)
 
     # ---- model work -------------------------------------------------------------------------
     def step(self, request: gr.Request, prompt, *args):
@@ -79,9 +115,10 @@ class Handlers:
         *rest, teach, sess = args
         sess = self.session(sess, request)
         try:
-            if sess.replay is not None and sess.race is None and sess.started_with is None:
+            if sess.replay is not None and sess.current() is None and sess.started_with is None:
                 sess.replay = None  # a replay ends when the visitor steps a prompt of their own
-            sess.step(self.hub, prompt, make_settings(*rest), self.cap)
+            with sess.working():
+                self.advance(sess, prompt, make_settings(*rest))
             sess.frame = 1 if teach else 0
             return self.render(sess)
         except Exception as err:
@@ -92,27 +129,31 @@ class Handlers:
         *rest, _teach, sess = args
         sess = self.session(sess, request)
         sess.stop, sess.frame, sess.replay = False, 0, None
-        try:
-            race = sess.step(self.hub, prompt, make_settings(*rest), self.cap)
-            yield self.render(sess)
-            while not sess.closed and not sess.stop and sess.race is race and not race.done:
-                sess.advance(race)
-                if sess.race is not race:
-                    return  # Reset meanwhile: its own redraw ("Reset.") stands
+        # Held across each yield: Gradio resumes a generator only once its last output went to the page,
+        # so Reset (which waits while the tab is working) always draws after this run's last redraw.
+        with sess.working():
+            try:
+                self.advance(sess, prompt, make_settings(*rest))
+                run = sess.current()
                 yield self.render(sess)
-            if sess.stop and sess.race is race:
-                yield self.render(sess, "Stopped: Step or Run to end go on from here.")
-        except Exception as err:
-            yield self.failed(sess, err)
+                while not sess.closed and not sess.stop and sess.current() is run and sess.in_progress:
+                    sess.next_step(run)
+                    if sess.current() is not run:
+                        return  # Reset meanwhile: its own redraw ("Reset.") stands
+                    yield self.render(sess)
+                if sess.stop and sess.current() is run:
+                    yield self.render(sess, "Stopped: Step or Run to end go on from here.")
+            except Exception as err:
+                yield self.failed(sess, err)
 
     def tick(self, request: gr.Request, prompt, *args):
         """Play: the next frame in Teach mode, else the next step; stops at the end or on an error."""
         *rest, teach, sess = args
         out = self.next_frame(request, prompt, *args) if teach else self.step(request, prompt, *args)
         sess = out[0]
-        if sess.race is not None and not sess.race.done and not out[-1].startswith("⚠️"):
+        if sess.in_progress and not out[-1].startswith("⚠️"):
             return (*out, gr.skip(), gr.skip())
-        if teach and sess.race is not None and sess.frame < 4:
+        if teach and sess.current() is not None and sess.frame < 4:
             return (*out, gr.skip(), gr.skip())  # the last step's frames still play
         return (*out, gr.Timer(active=False), gr.Button(value="▶ Play"))
 
@@ -151,8 +192,11 @@ class Handlers:
         return gr.Timer(active=False), gr.Button(value="▶ Play")
 
     def reset(self, request: gr.Request, sess):
+        """Final: a run in progress ends at its next step, and the step in flight (if any) is waited
+        for, so that its redraw reaches the page before this one and no late step draws over it."""
         sess = self.session(sess, request)
-        sess.stop = True  # a run in progress ends at its next step
+        sess.stop = True
+        sess.wait_idle(RESET_WAIT)
         sess.reset()
         return (*self.render(sess, "Reset."), gr.Timer(active=False), gr.Button(value="▶ Play"))
 
@@ -220,6 +264,10 @@ def ui_running(running: bool) -> tuple:
 
 
 def gpu_wrapped(handlers: Handlers) -> dict:
-    """The handlers that run the model, under ``spaces.GPU`` on ZeroGPU (as is elsewhere)."""
+    """The handlers that run the model, under ``spaces.GPU`` where the ``spaces`` package is (as is
+    elsewhere).  On ZeroGPU they run in the main process instead: only ``handlers.record``, one GPU
+    call per run (``components.recorded``), touches the GPU."""
+    if handlers.record is not None:
+        return {"step": handlers.step, "run": handlers.run, "tick": handlers.tick, "next_frame": handlers.next_frame}
     return {"step": gpu_task(handlers.step), "run": gpu_task(duration=120)(handlers.run),
             "tick": gpu_task(handlers.tick), "next_frame": gpu_task(handlers.next_frame)}

@@ -1,10 +1,18 @@
-"""One loaded model per spec, shared by every session of the app (never module-level state)."""
+"""One loaded model per spec, shared by every session of the app (never module-level state).
+
+Switching models frees the old one first (and gives the GPU's cached blocks back), then loads the
+new one: two 7B models need not fit one card, and the free memory that picks the new model's dtype
+is then the card's, not what the previous model left.  ``frozen`` (ZeroGPU): only the models loaded
+at start-up are served; nothing is ever loaded inside a GPU call, whose memory is thrown away.
+"""
 from __future__ import annotations
 
+import gc
 import re
 import threading
 from pathlib import Path
 
+from tr_core.devices import release_device_memory
 from tr_core.models import EMBEDDED, LoadedModel, ModelLoadError, load_model
 
 
@@ -40,13 +48,19 @@ class ModelHub:
 
     def __init__(self, device: str | None = None, dtype: str | None = None, keep: int = 1,
                  allow_other_models: bool = True, default: str | None = None,
-                 loaded: dict[str, LoadedModel] | None = None):
-        """``loaded``: models already in memory, by spec (tests, notebooks)."""
-        self.device, self.dtype, self.keep = device, dtype, keep
+                 loaded: dict[str, LoadedModel] | None = None, loader=load_model):
+        """``loaded``: models already in memory, by spec (tests, notebooks); ``loader(spec, device,
+        dtype)``: how a model is loaded (``load_model``)."""
+        self.device, self.dtype, self.keep, self.loader = device, dtype, keep, loader
         self.default = self.normalise(default)
         self.allow_other_models = allow_other_models
+        self.frozen = False  # ZeroGPU: serve only what is loaded (``freeze``)
         self._models: dict[str, LoadedModel] = {self.normalise(k): v for k, v in (loaded or {}).items()}
         self._lock = threading.Lock()
+
+    def freeze(self) -> None:
+        """From now on, serve only the models already loaded (ZeroGPU, after start-up)."""
+        self.frozen, self.allow_other_models = True, False
 
     @staticmethod
     def normalise(spec: str | None) -> str:
@@ -61,12 +75,19 @@ class ModelHub:
         with self._lock:
             if key not in self._models and key != self.default and key != EMBEDDED:
                 check_hub_id(key)  # a visitor's choice; the operator's default may be a folder or file
+            if key not in self._models and self.frozen:
+                raise ModelLoadError("This Space serves only the model it loaded at start-up.")
             if key not in self._models:
-                lm = load_model(None if key == EMBEDDED else key, self.device, self.dtype)
-                while len(self._models) >= self.keep:
-                    self._models.pop(next(iter(self._models)))
-                self._models[key] = lm
+                self.evict(self.keep - 1)
+                self._models[key] = self.loader(None if key == EMBEDDED else key, self.device, self.dtype)
             return self._models[key]
+
+    def evict(self, keep: int) -> None:
+        """Free the oldest models until ``keep`` are left, then give their memory back (GPU and host)."""
+        while len(self._models) > max(keep, 0):
+            self._models.pop(next(iter(self._models)))
+        gc.collect()
+        release_device_memory()
 
     def loaded(self) -> list[str]:
         return list(self._models)

@@ -5,7 +5,7 @@ all panels work for both, with or without a model.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from tr_core.runs import Run, make_run, special_ids
@@ -40,6 +40,13 @@ class RunView:
         depth = max((max(s.tree.depths, default=0) for s in run.steps), default=6)
         return cls(run.steps, run.baseline, run.outputs.get("method", []), run.outputs.get("baseline", []),
                    run.token_text, run.special, run.header, depth + 1, replayed=True)
+
+    def first(self, n: int) -> "RunView":
+        """The run as far as its first ``n`` steps: a recorded run, shown step by step (ZeroGPU)."""
+        steps, baseline = self.steps[:n], self.baseline[:n]
+        tokens = sum(len(s.committed) for s in steps)
+        return replace(self, steps=steps, baseline=baseline, output=self.output[:tokens],
+                       baseline_output=self.baseline_output[:baseline[-1]["tokens"] if baseline else 0])
 
     def to_run(self) -> Run:
         return make_run(self.header, self.steps, self.baseline,

@@ -3,11 +3,14 @@ from __future__ import annotations
 
 import re
 import tempfile
+import time
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from tr_core import AdjacencyMatrix, GreedyDecoder, MatrixFileError, TokenRecyclingDecoder
 from tr_core.decoders import DecodeError, ProgressiveTreeDecoder
+from tr_core.devices import same_device
 from tr_core.models import LoadedModel, ModelLoadError
 from tr_core.planner import TreePlanner
 from tr_core.ptd import PTDConfig
@@ -95,11 +98,17 @@ class Session:
     picked: int | None = None  # a tree node clicked
     stop: bool = False  # Stop or Reset pressed while a run holds the session
     run_folder: str | None = None  # where its run file is written for download
+    recorded: Run | None = None  # ZeroGPU: the whole run, decoded in one GPU call (components.recorded)
+    revealed: int = 0  # how many of its steps the page has stepped through
+    last_active: float = field(default_factory=time.monotonic)  # for freeing an idle tab's KV caches
+    busy: int = 0  # steps of this tab in flight (Reset waits for them)
 
     # ---- lifecycle -------------------------------------------------------------------------
     def matrix_for(self, lm: LoadedModel, k: int, hot_start: bool) -> AdjacencyMatrix:
         m = self.matrix
-        if m is None or m.fingerprint != lm.fingerprint or m.k != k or str(m.table.device) != str(lm.device):
+        if m is not None and m.fingerprint == lm.fingerprint and m.k == k and not same_device(m.table.device, lm.device):
+            m = m.to(lm.device)  # e.g. from the host into a ZeroGPU call
+        if m is None or m.fingerprint != lm.fingerprint or m.k != k:
             m = self.fresh_matrix(lm, k)
         elif not hot_start:
             m.reset()
@@ -137,7 +146,7 @@ class Session:
         try:
             sampling = s.sampling()
             if s.method == "ptd":
-                config = replace(PTDConfig.for_device(lm.device), min_draft=PAGE_MIN_DRAFT)
+                config = replace(PTDConfig.default(), min_draft=PAGE_MIN_DRAFT)
                 decoder = ProgressiveTreeDecoder(lm, int(s.max_new_tokens), config, sampling=sampling)
             else:
                 matrix = self.matrix_for(lm, int(s.k), s.hot_start)
@@ -151,7 +160,7 @@ class Session:
             raise UserError(str(err)) from None
         self.race, self.prompt, self.started_with = race, prompt, (prompt, s)
         self.header = run_header(lm, s.method, asdict(s), prompt, race.decoder.prompt)
-        self.replay = None
+        self.replay, self.recorded = None, None
         return race
 
     def needs_new_race(self, prompt: str, s: Settings) -> bool:
@@ -170,20 +179,85 @@ class Session:
         if race is None:
             raise UserError("Nothing to step: the session was reset. Press Step to start again.")
         race.step()
+        if race.done:
+            race.release_caches()  # a finished race never steps again: its KV caches go at once
         if race is self.race:
             self.shown, self.picked = None, None
             self.message = self.notice + ("Done: end of text or token budget reached." if race.done else "")
             self.notice = ""
         return race
 
+    # ---- ZeroGPU: a run recorded in one GPU call, stepped through here ------------------------
+    def reveal(self, record, prompt: str, s: Settings, cap: int) -> Run:
+        """The next step of the recorded run; the whole run is first decoded in one GPU call,
+        ``record(prompt, settings, cap, matrix, start_file) -> Recording``, when there is none yet,
+        the prompt or settings changed, or the last one was shown to its end."""
+        if self.recorded is None or self.started_with != (prompt, s) or not self.in_progress:
+            check_prompt(prompt)
+            s.validate(cap)
+            rec = record(prompt, s, cap, self.matrix, self.start_file)
+            if rec.error:
+                raise UserError(rec.error)
+            self.race, self.replay, self.recorded, self.revealed = None, None, rec.run, 0
+            self.prompt, self.started_with, self.header = prompt, (prompt, s), rec.run.header
+            self.matrix, self.notice = rec.matrix if rec.matrix is not None else self.matrix, rec.notice
+        self.show_next()
+        return self.recorded
+
+    def show_next(self) -> None:
+        self.revealed = min(self.revealed + 1, len(self.recorded.steps))
+        self.shown, self.picked = None, None
+        self.message = self.notice + ("" if self.in_progress else "Done: end of text or token budget reached.")
+        self.notice = ""
+
+    # ---- either kind of run ---------------------------------------------------------------
+    def current(self):
+        """The run being stepped: the recording (ZeroGPU) or the live race; None."""
+        return self.recorded if self.recorded is not None else self.race
+
+    @property
+    def in_progress(self) -> bool:
+        """Whether the current run has steps to come."""
+        if self.recorded is not None:
+            return self.revealed < len(self.recorded.steps)
+        return self.race is not None and not self.race.done
+
+    def next_step(self, run) -> None:
+        """One more step of ``run`` (what ``current()`` was when the run began)."""
+        if run is self.recorded and run is not None:
+            self.show_next()
+        else:
+            self.advance(run)
+
+    @contextmanager
+    def working(self):
+        """Marks a step in flight (Reset waits for it: :meth:`wait_idle`)."""
+        self.busy += 1
+        try:
+            yield
+        finally:
+            self.busy -= 1
+
+    def wait_idle(self, timeout: float) -> bool:
+        """Wait until no step of this tab is in flight (at most ``timeout`` seconds); True if none is."""
+        end = time.monotonic() + timeout
+        while self.busy > 0 and time.monotonic() < end:
+            time.sleep(0.02)
+        return self.busy <= 0
+
+    def release_caches(self) -> bool:
+        """Free the live race's KV caches (an idle tab); its next step rebuilds them."""
+        return self.race is not None and self.race.release_caches()
+
     def reset(self) -> None:
         self.race, self.started_with, self.message = None, None, "Reset."  # until the next step says more
         self.replay, self.header, self.shown, self.frame, self.picked = None, None, None, 0, None
+        self.recorded, self.revealed = None, 0
 
     def close(self) -> bool:
         """Free what the session holds (decoders, KV caches, matrix, planner); True when it was open
         or held something, False for a session already closed and empty (nothing to report)."""
-        held = self.race is not None or self.matrix is not None or self.planner is not None
+        held = self.current() is not None or self.matrix is not None or self.planner is not None
         self.reset()
         self.matrix = self.planner = self.planner_model = None
         was_open, self.closed = not self.closed, True
@@ -193,27 +267,30 @@ class Session:
     def save_matrix(self, folder: str | None = None) -> str:
         """Write the matrix for download (and to the server's hot-start file, when there is one);
         written to a temporary file and renamed, so a crash never leaves half a file."""
-        if self.matrix is None or self.race is None:
+        if self.matrix is None or self.current() is None:
             raise UserError("There is no matrix yet: decode something first.")
-        lm = self.race.decoder.lm
+        name = self.race.decoder.lm.name if self.race is not None else (self.header or {}).get("model", "")
         path = Path(tempfile.mkdtemp(dir=folder)) / "token_recycling_matrix.safetensors"
-        self.matrix.save(path, model_name=lm.name)
+        self.matrix.save(path, model_name=name)
         if self.start_file:
-            self.matrix.save(self.start_file, model_name=lm.name)
+            self.matrix.save(self.start_file, model_name=name)
         return str(path)
 
     def load_matrix(self, hub: ModelHub, path: str, s: Settings) -> None:
         try:
             lm = hub.get(s.model)
-            self.matrix = AdjacencyMatrix.load(path, lm.fingerprint, lm.vocab_size, lm.device)
+            # on the host: the next race takes it to the model's device (on ZeroGPU, inside its GPU call)
+            self.matrix = AdjacencyMatrix.load(path, lm.fingerprint, lm.vocab_size, "cpu")
         except (MatrixFileError, ModelLoadError) as err:
             raise UserError(str(err)) from None
-        self.race, self.started_with = None, None
+        self.race, self.recorded, self.started_with = None, None, None
 
     # ---- views and run files ----------------------------------------------------------------
     def view(self) -> RunView | None:
         if self.replay is not None:
             return self.replay
+        if self.recorded is not None:
+            return replace(RunView.of_run(self.recorded), replayed=False).first(self.revealed)
         if self.race is None or not self.race.decoder.steps:
             return None
         return RunView.of_race(self.race, self.header or {})

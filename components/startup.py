@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from tr_core.devices import describe_machine
 from tr_core.planner import CostCurve, cost_curve_for
 from tr_core.precision import precision_mode
 
@@ -33,7 +34,7 @@ def curve_path(lm) -> Path:
     if lm.device.type == "cuda":
         device += ":" + torch.cuda.get_device_name(lm.device)
     else:
-        device += f":{platform.machine()}:{os.cpu_count()}"
+        device += f":{platform.machine()}:{os.cpu_count()}:{describe_machine(lm.device)}"
     key = json.dumps([CURVE_FORMAT, lm.name, lm.fingerprint, device, str(lm.dtype), torch.__version__,
                       bool(lm.prepacked)])
     return cache_dir() / f"cost-curve-{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
@@ -85,17 +86,23 @@ def with_progress(work, report, every: float = 0.5):
     return box.get("out")
 
 
-def warm_up(hub, progress) -> str:
-    """Load the default model and its cost curve; ``progress(fraction_or_steps, desc=...)``."""
+def warm_up(hub, progress, curve_on_gpu=None) -> str:
+    """Load the default model and its cost curve; ``progress(fraction_or_steps, desc=...)``.
+    ``curve_on_gpu()``: measure the curve in a ZeroGPU call (it returns the curve, kept here)."""
     lm = with_progress(lambda: hub.get(None),
                        lambda t: progress((0, 2), desc=f"Step 1 of 2: loading the model ({t:.0f} s so far)"))
     if load_cached_curve(lm):
         how = "cost curve from the cache"
     else:
-        with_progress(lambda: cost_curve_for(lm),
-                      lambda t: progress((1, 2), desc=f"Step 2 of 2: timing forwards of 1-96 tokens for the auto "
-                                                      f"tree, once per model and device ({t:.0f} s so far)"))
+        measure = (lambda: setattr(lm, "cost_curve", curve_on_gpu())) if curve_on_gpu else (lambda: cost_curve_for(lm))
+        with_progress(measure, lambda t: progress((1, 2), desc=f"Step 2 of 2: timing forwards of 1-96 tokens for "
+                                                               f"the auto tree, once per model and device ({t:.0f} s so far)"))
         save_curve(lm)
         how = "cost curve measured and cached"
-    return (f"Ready: {lm.name} on {lm.device} ({precision_mode(lm.dtype)}; prompts through the {lm.template}; "
-            f"{how}).")
+    why = f"; {lm.dtype_reason}" if lm.dtype_reason and not lm.dtype_reason.startswith("float32: the default") else ""
+    return (f"Ready: {lm.name} on {describe_device(lm)} ({precision_mode(lm.dtype)}{why}; prompts through the "
+            f"{lm.template}; {how}).")
+
+
+def describe_device(lm) -> str:
+    return f"{lm.device} ({describe_machine(lm.device)})"

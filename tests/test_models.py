@@ -45,14 +45,23 @@ def test_local_folder_loads(tmp_path, tiny_lm):
     assert lm.eos_token_ids == (1,) and lm.dtype == torch.float32
 
 
-def test_exact_mode_is_the_gpu_default_where_float32_fits(monkeypatch):
-    import tr_core.models as models
+def test_exact_mode_on_a_gpu_needs_room_and_cheap_float32_tokens(monkeypatch):
+    """The rule of tr_core.devices: float32 where it fits and a 32-token float32 forward costs at most
+    1.5 one-token ones (measured at load: here the measurement is simulated)."""
+    import tr_core.devices as devices
 
-    monkeypatch.setattr(models, "free_memory", lambda device: 16 * 2**30)
-    gpu = torch.device("cuda")
-    assert pick_dtype("auto", gpu, parameters=1_000_000_000) == torch.float32  # 4 GB of 16 GB free
+    monkeypatch.setattr(devices, "free_memory", lambda device: 16 * 2**30)
+    gpu = torch.device("cuda", 0)
+    cheap, dear = (lambda device, shapes: 1.2), (lambda device, shapes: 3.7)
+    monkeypatch.setattr(devices, "float32_token_ratio", cheap)
+    assert pick_dtype("auto", gpu, parameters=1_000_000_000) == torch.float32  # 4 GB of 16 GB free, cheap
     assert pick_dtype("auto", gpu, parameters=7_000_000_000) == torch.bfloat16  # 28 GB does not fit
     assert pick_dtype("float32", gpu, parameters=7_000_000_000) == torch.float32  # asked for: offered anyway
+    monkeypatch.setattr(devices, "float32_token_ratio", dear)
+    choice = devices.pick_dtype("auto", gpu, parameters=1_000_000_000)
+    assert choice.dtype == torch.bfloat16 and "3.7x" in choice.reason  # fits, but float32 tokens are dear
+    monkeypatch.setattr(devices, "float32_token_ratio", lambda device, shapes: None)
+    assert pick_dtype("auto", gpu, parameters=1_000_000_000) == torch.bfloat16  # could not be measured
 
 
 def test_parameter_count_reads_no_weights(tiny_lm):

@@ -189,7 +189,7 @@ def test_cost_aware_ptd_is_lossless_and_paper_settings_stay_available(tiny_lm):
     from tr_core.planner import CostCurve
     from tr_core.ptd import PTDPlanner
 
-    assert PTDConfig.for_device(torch.device("cpu")).cost_aware and not PTDConfig.paper().cost_aware
+    assert PTDConfig.default().cost_aware and not PTDConfig.paper().cost_aware
     planner = PTDPlanner(CostCurve([1, 101], [1.0, 1.3]), max_nodes=48)
     assert planner.draft_budget() == 48  # 0.3% of a forward per token: the prior yield pays for all
     decoders = decode_losslessly(tiny_lm, lambda: ProgressiveTreeDecoder(
@@ -224,9 +224,7 @@ def test_cost_aware_ptd_follows_the_cost_within_a_prompt_and_forgets_after_reset
 def test_cpu_ptd_also_harvests_the_context_and_stays_lossless(tiny_lm, monkeypatch):
     from tr_core.ptd import CandidateTries
 
-    cpu = PTDConfig.for_device(torch.device("cpu"))
-    assert cpu.harvest_context and not PTDConfig.paper().harvest_context
-    assert not PTDConfig.for_device(torch.device("cuda")).harvest_context  # the paper's settings on a GPU
+    assert PTDConfig.default().harvest_context and not PTDConfig.paper().harvest_context  # ptd:paper stays
     d = ProgressiveTreeDecoder(tiny_lm, 40, PTDConfig(harvest_context=True))
     d.start(PROMPTS[0])  # [5, 9, 14, 3, 22, 9, 14]: the prompt's n-grams are in the tries from the start
     assert d.tries.candidates(9)[:3] == ([14, 3, 22], [0, 1, 2], [1, 2, 3])

@@ -47,7 +47,7 @@ def test_same_seed_same_output(tiny_lm, make):
 
 @pytest.mark.parametrize("make", [
     lambda lm, s: TokenRecyclingDecoder(lm, max_new_tokens=30, sampling=s),  # the cost-aware auto tree
-    lambda lm, s: ProgressiveTreeDecoder(lm, 30, PTDConfig.for_device(lm.device), s, planner=PTDPlanner(
+    lambda lm, s: ProgressiveTreeDecoder(lm, 30, PTDConfig.default(), s, planner=PTDPlanner(
         CostCurve([1, 101], [1.0, 1.3]), 48)),  # cost-aware: refitted on the timings it sees; cheap at first
     lambda lm, s: PromptLookupDecoder(lm, 30, sampling=s),
 ])

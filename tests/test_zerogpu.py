@@ -49,3 +49,67 @@ def test_the_app_puts_its_model_work_under_spaces_gpu(monkeypatch):
     # compare runs every method; warm_up loads the model and times its forwards.  History, replay,
     # run files, settings and reset never touch the model and stay off the GPU.
     assert sorted(wrapped) == ["compare", "next_frame", "run", "step", "tick", "warm_up"]
+
+
+def test_the_app_under_a_forking_zerogpu_loads_once_and_steps_runs_and_compares(monkeypatch, embedded_lm, tmp_path):
+    """ZeroGPU as it runs: every GPU call in a forked process, arguments and results pickled both ways,
+    its memory thrown away (tests/zerogpu_standin.py).  The model loads once, at start-up, outside any
+    GPU call; the cost curve measured in a GPU call lives on here; Step, Run to end and Compare work."""
+    import dataclasses
+    import os
+
+    from gradio_client import Client
+
+    from app import build_app, serve, warm_or_say_handler
+    from components.model_hub import ModelHub
+    from components.recorded import Recorder, load_at_start_up
+    from tr_core.cost import CostCurve
+    from tr_core.models import EMBEDDED_LABEL
+
+    from .test_app import free_port
+    from .zerogpu_standin import module
+
+    spaces = module()
+    monkeypatch.setitem(sys.modules, "spaces", spaces)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # no cached curve: warm-up measures one
+    measure = CostCurve.measure.__func__
+    monkeypatch.setattr(CostCurve, "measure", classmethod(lambda cls, lm: measure(cls, lm, (1, 2, 4, 8, 16), repeats=1)))
+    loads = tmp_path / "loads.txt"
+
+    def loader(spec, device, dtype):  # the embedded model, with no curve yet; each load logged with its process
+        with open(loads, "a") as f:
+            f.write(f"{os.getpid()}\n")
+        return dataclasses.replace(embedded_lm, cost_curve=None, _token_text={})
+
+    hub = ModelHub(loader=loader)
+    load_at_start_up(hub)
+    lm = hub.get(None)
+    status = warm_or_say_handler(hub, curve_on_gpu=GPU_of(spaces, Recorder(hub).cost_curve))(lambda *a, **k: None)
+    assert status.startswith("Ready") and lm.cost_curve is not None  # measured in the GPU process, kept here
+    assert spaces.calls == ["cost_curve"]
+
+    demo = build_app(hub, cap=64)
+    port = free_port()
+    serve(demo, "127.0.0.1", port, prevent_thread_lock=True, quiet=True)
+    try:
+        client = Client(f"http://127.0.0.1:{port}/", verbose=False)
+        args = ("Name three fruits.", EMBEDDED_LABEL, "auto", 8, 24, True, True, "Token Recycling (TR)")
+        outs = [client.predict(*args, api_name="/do_step") for _ in range(3)]
+        assert all("speedup" in o[4] and "identical to greedy" in o[4] for o in outs)
+        assert len({o[4] for o in outs}) == 3  # three different steps shown
+        assert spaces.calls == ["cost_curve", "record"]  # the whole run in one GPU call, stepped here
+        final = client.predict(*args, api_name="/do_run")
+        assert "Done" in final[-1] and "identical to greedy" in final[4]
+        assert spaces.calls == ["cost_curve", "record"]  # the rest of the same recorded run
+        ptd = client.predict(*args[:-1], "Progressive Tree Drafting (PTD)", api_name="/do_run")
+        assert "Done" in ptd[-1] and "identical to greedy" in ptd[4]
+        plot, table = client.predict("Name three fruits.", EMBEDDED_LABEL, 16, api_name="/compare")
+        assert table.count("identical to greedy") == 5, table
+        assert spaces.calls == ["cost_curve", "record", "record", "compare"]
+    finally:
+        demo.close()
+    assert loads.read_text().split() == [str(os.getpid())]  # loaded once, here, never in a GPU process
+
+
+def GPU_of(spaces, fn):  # noqa: N802
+    return spaces.GPU(fn)

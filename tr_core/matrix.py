@@ -58,6 +58,15 @@ class AdjacencyMatrix:
         self.table.zero_()
         self.writes = 0
 
+    def to(self, device) -> "AdjacencyMatrix":
+        """A copy on ``device`` (itself where it is there already): how a hot-start matrix crosses
+        between the host and a GPU, e.g. in and out of a ZeroGPU call."""
+        if self.table.device == torch.device(device):
+            return self
+        m = AdjacencyMatrix.__new__(AdjacencyMatrix)
+        m.table, m.fingerprint, m.writes = self.table.to(device), self.fingerprint, self.writes
+        return m
+
     # ---- phase 1: retrieve -------------------------------------------------------------
     def retrieve_draft_tree(self, root: torch.Tensor, tree: TreeTensors) -> torch.Tensor:
         """BFS from ``root`` (a 0-d long tensor) over ``tree``: returns ``tokens [q]``, root first.

@@ -16,6 +16,8 @@ import torch
 
 from .attention import register as register_attention
 from .layout import AttentionLayout, UnsupportedArchitecture, attention_implementation, new_cache
+from . import devices
+from .devices import exact_float32, free_memory, synchronize  # noqa: F401  (re-exported)
 from .prepack import prepack_available, prepack_linears
 from .templates import PLAIN, encode_turns, pick_template
 
@@ -44,6 +46,7 @@ class LoadedModel:
     cache_arg: str = "cache"  # the forward's name for the KV cache ("cache" or "past_key_values")
     cost_curve: object = None  # forward seconds by query length, measured once (planner.cost_curve_for)
     prepacked: int = 0  # linear layers swapped for oneDNN pre-packed ones (tr_core.prepack), CPU only
+    dtype_reason: str = ""  # why this dtype, in words (tr_core.devices.pick_dtype)
     layout: AttentionLayout = field(default_factory=lambda: AttentionLayout({"full_attention": None}))
     _token_text: dict = field(default_factory=dict, repr=False)
 
@@ -123,46 +126,19 @@ def _load_hub_fallback(device, dtype, prepack) -> "LoadedModel":
 
 
 def pick_device(device: str | None) -> torch.device:
-    if device in (None, "", "auto"):
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dev = torch.device(device)
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ModelLoadError(f"Device {device!r} was asked for, but no CUDA GPU is available here.")
-    return dev
+    """``tr_core.devices.pick_device``, refusing in the words of a model that cannot load."""
+    try:
+        return devices.pick_device(device)
+    except devices.DeviceError as err:
+        raise ModelLoadError(str(err)) from None
 
 
-def synchronize(device: torch.device) -> None:
-    """Wait for the work queued on ``device`` (its own GPU, e.g. ``cuda:1``); nothing on CPU."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-FLOAT32_SHARE = 0.5  # exact mode by default on a GPU where fp32 weights take at most this share of free memory
-
-
-def pick_dtype(dtype: str | torch.dtype | None, device: torch.device, parameters: int | None = None) -> torch.dtype:
-    """The dtype for ``dtype`` ("auto"/None: the default rule).
-
-    The default is **exact mode**, float32, wherever the model fits comfortably: always on CPU, and on
-    a GPU when ``parameters`` x 4 bytes is at most ``FLOAT32_SHARE`` of the device's free memory
-    (room left for activations, caches and the tree).  Otherwise bfloat16: faster, and equal to
-    greedy decoding up to rounding (``tr_core.precision`` explains each divergence)."""
-    if isinstance(dtype, torch.dtype):
-        return dtype
-    if dtype in (None, "", "auto"):
-        if device.type == "cpu" or (parameters is not None and 4 * parameters <= FLOAT32_SHARE * free_memory(device)):
-            return torch.float32
-        return torch.bfloat16
-    table = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
-             "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
-    if dtype not in table:
-        raise ModelLoadError(f"Unknown dtype {dtype!r}; use one of {sorted(table)}.")
-    return table[dtype]
-
-
-def free_memory(device: torch.device) -> int:
-    """Bytes free on a CUDA device (0 elsewhere)."""
-    return torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else 0
+def pick_dtype(dtype, device: torch.device, parameters: int | None = None, shapes=None) -> torch.dtype:
+    """The dtype alone of ``tr_core.devices.pick_dtype`` (the rule is stated there)."""
+    try:
+        return devices.pick_dtype(dtype, device, parameters, shapes).dtype
+    except ValueError as err:
+        raise ModelLoadError(str(err)) from None
 
 
 def parameter_count(config) -> int:
@@ -172,19 +148,6 @@ def parameter_count(config) -> int:
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)
     return sum(p.numel() for p in model.parameters())
-
-
-def exact_float32(device: torch.device) -> None:
-    """Float32 matmuls and convolutions in full IEEE precision on ``device`` (TF32 off): what
-    "identical to greedy" needs on a GPU.  Process-wide, as PyTorch's setting is."""
-    if device.type != "cuda":
-        return
-    if hasattr(torch.backends.cuda.matmul, "fp32_precision"):  # torch >= 2.9
-        torch.backends.cuda.matmul.fp32_precision = "ieee"
-        torch.backends.cudnn.fp32_precision = "ieee"
-    else:
-        torch.backends.cuda.matmul.allow_tf32 = False
-        torch.backends.cudnn.allow_tf32 = False
 
 
 def vocabulary_fingerprint(tokenizer, vocab_size: int) -> str:
@@ -238,25 +201,46 @@ def load_model(spec: str | None = None, device: str | None = None,
     offline = os.environ.get("HF_HUB_OFFLINE") == "1" or os.environ.get("TRANSFORMERS_OFFLINE") == "1"
     hint = " (offline: only local folders, .gguf files and already cached models can load)" if offline else ""
     try:
-        attention, dt = register_attention(), pick_dtype(dtype, dev)
+        choice = devices.pick_dtype(dtype, dev)  # CPU or asked for: decided; a GPU's default: below
+    except ValueError as err:
+        raise ModelLoadError(str(err)) from None
+    try:
+        attention = register_attention()
         if not extra:  # a hub id or folder: refuse what we cannot serve before fetching the weights
             config = AutoConfig.from_pretrained(path)
             if type(config) not in MODEL_FOR_CAUSAL_LM_MAPPING:
                 raise ModelLoadError(f"{spec!r} is a {config.model_type!r} model, not a causal language model.")
             AttentionLayout.from_config(config)
             attention = attention_implementation(config, attention)
-            dt = pick_dtype(dtype, dev, parameter_count(config) if dev.type == "cuda" else None)
+            if dev.type == "cuda":
+                choice = devices.pick_dtype(dtype, dev, parameter_count(config), devices.layer_shapes(config))
         tokenizer = AutoTokenizer.from_pretrained(path, **extra)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dt, attn_implementation=attention, **extra)
-        layout = AttentionLayout.from_config(model.config)  # a GGUF file's config comes with its weights
+        if extra:  # a GGUF file: its config comes with its weights, dequantised on the host
+            model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation=attention,
+                                                         **extra)
+            if dev.type == "cuda":
+                choice = devices.pick_dtype(dtype, dev, sum(p.numel() for p in model.parameters()),
+                                            devices.layer_shapes(model.config))
+            model.to(device=dev, dtype=choice.dtype)
+        elif devices.on_zero_gpu():  # ZeroGPU: on the host at start-up, then .to("cuda"), as its docs ask
+            model = AutoModelForCausalLM.from_pretrained(path, dtype=choice.dtype, attn_implementation=attention)
+            model.to(dev)
+        else:  # built straight on the device, never whole in host memory first
+            model = AutoModelForCausalLM.from_pretrained(path, dtype=choice.dtype, attn_implementation=attention,
+                                                         device_map={"": dev})
+        layout = AttentionLayout.from_config(model.config)
     except UnsupportedArchitecture as err:
         raise ModelLoadError(str(err)) from err
     except ModelLoadError:
         raise
+    except torch.OutOfMemoryError as err:
+        devices.release_device_memory(dev)
+        raise ModelLoadError(devices.oom_message(f"the model {spec or EMBEDDED!r}", choice.dtype, dev)) from err
     except Exception as err:  # hub, I/O and config errors come in many types; all mean "cannot load"
         text = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise ModelLoadError(f"Could not load model {spec!r}{hint}: {text}") from err
-    model.to(dev).eval()
+    model.eval()
+    dt = choice.dtype
     if dt == torch.float32:
         exact_float32(dev)
     vocab = int(model.get_output_embeddings().weight.shape[0])
@@ -269,7 +253,7 @@ def load_model(spec: str | None = None, device: str | None = None,
     return LoadedModel(model=model, tokenizer=tokenizer, name=name, device=dev, dtype=dt,
                        vocab_size=vocab, fingerprint=vocabulary_fingerprint(tokenizer, vocab),
                        eos_token_ids=_eos_ids(model, tokenizer), max_context=int(ctx),
-                       cache_arg=cache_arg, prepacked=packed, layout=layout)
+                       cache_arg=cache_arg, prepacked=packed, layout=layout, dtype_reason=choice.reason)
 
 
 # Every logits processor ``generate`` applies in greedy decoding, at the value that leaves the logits

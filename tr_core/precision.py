@@ -62,11 +62,10 @@ class Divergence:
 
 
 def precision_mode(dtype: torch.dtype) -> str:
-    """The promise a dtype makes, in words for a status line."""
-    if dtype == torch.float32:
-        return "float32, exact: identical to greedy"
-    name = str(dtype).replace("torch.", "")
-    return f"{name}: identical to greedy up to rounding, each divergence explained; --dtype float32 is exact"
+    """The promise a dtype makes and its price, in words for a status line (``tr_core.devices``)."""
+    from .devices import precision_words
+
+    return precision_words(dtype)
 
 
 def first_difference(a: list[int], b: list[int]) -> int | None:

@@ -28,13 +28,9 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .devices import prepack_available  # noqa: F401  (probed per dtype on this CPU; re-exported)
+
 KERNEL_ROWS = (1, 2, 4, 8, 16, 32, 128)  # forward sizes timed at load
-
-
-def prepack_available(device: torch.device, dtype: torch.dtype) -> bool:
-    """oneDNN packing applies to CPU models in float32 or bfloat16 on a PyTorch built with it."""
-    return (device.type == "cpu" and dtype in (torch.float32, torch.bfloat16)
-            and torch.backends.mkldnn.is_available())
 
 
 @dataclass
@@ -124,13 +120,17 @@ def prepack_linears(model: torch.nn.Module, batch_hint: int = 8, measure: bool =
 
     Do this last: the packed weights cannot be moved to another device or dtype afterwards.
     """
-    choice, count = KernelChoice(), 0
-    for parent in list(model.modules()):
-        for name, child in list(parent.named_children()):
-            if type(child) is torch.nn.Linear:
-                setattr(parent, name, PackedLinear(child, choice, batch_hint))
-                count += 1
-    if count and measure:
+    choice, swaps = KernelChoice(), []
+    try:
+        for parent in list(model.modules()):
+            for name, child in list(parent.named_children()):
+                if type(child) is torch.nn.Linear:
+                    swaps.append((parent, name, PackedLinear(child, choice, batch_hint)))
+    except RuntimeError:
+        return 0  # this CPU's oneDNN refused one of the shapes: the model keeps its plain weights
+    for parent, name, packed in swaps:
+        setattr(parent, name, packed)
+    if swaps and measure:
         choose_kernels(model, choice)
         drop_unused(model)
-    return count
+    return len(swaps)

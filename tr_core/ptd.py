@@ -21,7 +21,7 @@ dozen token ids; the tensors of a step are built from them once per step):
   tokens, 4 by default) into a trie keyed by the n-gram's first token; each trie holds at most
   ``max_nodes`` nodes (60), the least recently refreshed leaves going first.  The trie keyed by
   the last committed token is the candidate tree verified in the next forward.  With
-  ``harvest_context`` (our addition, the CPU default) the context's own n-grams go in too: the
+  ``harvest_context`` (our addition, the default) the context's own n-grams go in too: the
   prompt's at the start, each committed token's after its step.  Entries only the draft tree put
   there are marked, so the planner can tell what the draft tree's riding nodes bring.
 
@@ -57,11 +57,11 @@ class PTDConfig:
         return cls()
 
     @classmethod
-    def for_device(cls, device) -> "PTDConfig":
-        """The device default: the paper's settings on a GPU; where extra tokens cost, cost-aware and
-        harvesting the context too (the few draft nodes that can ride along harvest little on their own)."""
-        costly = getattr(device, "type", str(device)) != "cuda"
-        return cls(cost_aware=costly, harvest_context=costly)
+    def default(cls) -> "PTDConfig":
+        """The default on every device: cost-aware (candidates and draft nodes cut to what pays by the
+        cost curve measured where the model runs: all of them where extra tokens are nearly free),
+        harvesting the context too (where few draft nodes ride, they harvest little on their own)."""
+        return cls(cost_aware=True, harvest_context=True)
 
 
 class _Node:

@@ -5,11 +5,25 @@ forward at a time, in the same handler: the two never run at once, so neither sl
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 from .decoders import Decoder, GreedyDecoder
+from .devices import synchronize
 from .precision import Divergence, explain_divergence
 from .trace import Step
+
+
+def timed_step(dec: Decoder) -> Step:
+    """``dec.step()`` timed as the benchmark times a run: the wall clock of the whole step (retrieve,
+    lookup, forward, verify, update, prune, planning and host work), the device synchronised once
+    at each end.  The step's ``seconds`` then read this time."""
+    synchronize(dec.lm.device)
+    t0 = time.perf_counter()
+    step = dec.step()
+    synchronize(dec.lm.device)
+    step.wall = time.perf_counter() - t0
+    return step
 
 
 @dataclass
@@ -30,9 +44,10 @@ class Race:
         return self.decoder.done
 
     def step(self) -> Step:
-        step = self.decoder.step()
+        self.restore_caches()
+        step = timed_step(self.decoder)
         while not self.greedy.done and len(self.greedy.output) < len(self.decoder.output):
-            self.greedy.step()
+            timed_step(self.greedy)
         self.speedups.append(self.figures()["speedup"])
         g = self.greedy
         self.baseline.append({"tokens": len(g.output), "forwards": len(g.steps),
@@ -42,8 +57,20 @@ class Race:
                                                  self.decoder.output, step.forward_tokens)
         return step
 
+    def release_caches(self) -> bool:
+        """Free both KV caches (a finished or idle race); True when there was one to free.  The next
+        ``step`` rebuilds them from the committed tokens."""
+        held = self.decoder.cache is not None or self.greedy.cache is not None
+        self.decoder.release_cache()
+        self.greedy.release_cache()
+        return held
+
+    def restore_caches(self) -> None:
+        self.decoder.restore_cache()
+        self.greedy.restore_cache()
+
     def figures(self) -> dict:
-        """Exact counters: tokens, forwards, MAT, tok/s (from synchronised step times), speedup."""
+        """Exact counters: tokens, forwards, MAT, tok/s (from each whole step's wall clock), speedup."""
         def side(dec: Decoder) -> dict:
             secs = sum(s.seconds for s in dec.steps)
             n = len(dec.output)

@@ -48,6 +48,7 @@ class Step:
     # PTD: the evolving draft tree after this step's expansion; ``sources`` holds each node's
     # fate ("kept", "new", "pruned").  Its nodes ride along in the forward but are never verified.
     draft_tree: DraftTree | None = None
+    wall: float | None = None  # the whole step's wall-clock seconds, device synchronised once (tr_core.race.timed_step)
 
     @property
     def accepted_drafts(self) -> int:
@@ -55,7 +56,8 @@ class Step:
 
     @property
     def seconds(self) -> float:
-        return sum(self.timings.values())
+        """The step's seconds: its wall clock where measured (host work included), else its phases' sum."""
+        return self.wall if self.wall is not None else sum(self.timings.values())
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from ..decoders.recycling import default_tree_name
+from ..decoders.recycling import DEFAULT_TREE
 from ..models import ModelLoadError, load_model
 from ..sampling import SamplingConfig
 from ..trees import TreeError
@@ -62,7 +62,7 @@ def run_meta(args, lm, specs, sampling, offset: int) -> dict:
             "peers": args.peers, "prompts_file": str(args.prompts), "offset": offset, "limit": args.limit, "max_new_tokens": args.max_new_tokens,
             "turns": args.turns, "template": lm.template, "attention": lm.layout.describe(), "sampling": None if sampling is None else vars(sampling), "matrix_shape": [lm.vocab_size, args.k],
             "matrix_bytes": lm.vocab_size * args.k * 4,
-            "trees": {s.name: s.tree for s in specs if s.tree}, "default_tree": default_tree_name(lm.device)}
+            "trees": {s.name: s.tree for s in specs if s.tree}, "default_tree": DEFAULT_TREE}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
                          "hf-pld:same, ptd (cost-aware on CPU), ptd:paper, ptd:TxD")
     ap.add_argument("--tree", default=None, help="tree for plain 'tr' (preset, chain-N or JSON file)")
     ap.add_argument("--lookup", type=int, default=None,
-                    help="prompt-lookup tokens merged into plain 'tr' trees (0 = off; default: CPU 24, cut by the planner to what pays; GPU 0)")
+                    help="prompt-lookup tokens merged into plain 'tr' trees (0 = off; default 24, cut by the planner to what pays)")
     ap.add_argument("--k", type=int, default=8, help="candidates per matrix row")
     ap.add_argument("--model", default=None, help="'embedded' (default), a HF id, a folder or a .gguf file")
     ap.add_argument("--device", default=None)

@@ -71,9 +71,9 @@ def _tr_spec(name: str, lm: LoadedModel, tree: str | None, k: int, lookup: int |
 
 
 def _ptd_spec(name: str, arg: str, lm: LoadedModel, sampling: SamplingConfig | None = None) -> MethodSpec:
-    """``ptd`` (the device default: cost-aware where extra tokens cost), ``ptd:paper`` (the paper's
+    """``ptd`` (the default: cost-aware on every device), ``ptd:paper`` (the paper's
     settings) or ``ptd:TxD`` (at most T candidates and D draft nodes a step, fixed)."""
-    config = PTDConfig.for_device(lm.device) if not arg else PTDConfig.paper()
+    config = PTDConfig.default() if not arg else PTDConfig.paper()
     if arg and arg != "paper":
         try:
             config.trie_nodes, config.max_nodes = (int(x) for x in arg.split("x"))

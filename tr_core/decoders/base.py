@@ -117,6 +117,21 @@ class Decoder(ABC):
             self.step()
         return self.output
 
+    def release_cache(self) -> None:
+        """Drop the KV cache (its memory goes back); :meth:`restore_cache` rebuilds it when needed."""
+        self.cache = None
+
+    def restore_cache(self) -> None:
+        """Rebuild a released cache from the prompt and the committed tokens (all but the last, which
+        roots the next step), in one prefill forward.  Nothing to do where the cache is there or the
+        decoder is done."""
+        if self.cache is not None or self._done or not self.prompt:
+            return
+        self.cache = self.lm.new_cache()
+        ids = self.prompt + self.output
+        if len(ids) > 1:
+            Decoder.prefill(self, torch.tensor(ids[:-1], device=self.lm.device))
+
     # ---- shared mechanics ---------------------------------------------------------------
     @property
     def cache_length(self) -> int:

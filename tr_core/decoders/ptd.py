@@ -39,10 +39,10 @@ class ProgressiveTreeDecoder(TreeDecoder):
 
     def __init__(self, lm: LoadedModel, max_new_tokens: int = 128, config: PTDConfig | None = None,
                  sampling: SamplingConfig | None = None, planner: PTDPlanner | None = None):
-        """``config``: default :meth:`PTDConfig.for_device`; when cost-aware, ``planner`` (made here
+        """``config``: default :meth:`PTDConfig.default`; when cost-aware, ``planner`` (made here
         unless given, and shareable across requests) cuts candidates and draft nodes to what pays."""
         super().__init__(lm, max_new_tokens, sampling)
-        config = config or PTDConfig.for_device(lm.device)
+        config = config or PTDConfig.default()
         self.planner = None
         if config.cost_aware:
             self.planner = planner or PTDPlanner(cost_curve_for(lm), config.max_nodes)

@@ -22,13 +22,11 @@ from ..trees import TreeShape, load_tree
 from .base import PhaseClock
 from .tree_step import TreeDecoder
 
-GPU_DEFAULT_TREE = "paper-80"
-CPU_DEFAULT_TREE = "auto"
-CPU_DEFAULT_LOOKUP = 24  # the planner cuts each continuation to what pays (long while copying)
-
-
-def default_tree_name(device: torch.device) -> str:
-    return GPU_DEFAULT_TREE if device.type == "cuda" else CPU_DEFAULT_TREE
+# The same defaults on every device: the cost-aware tree, planned from the cost curve measured where
+# the model runs, so a GPU whose extra tokens are nearly free gets a large tree and a CPU a small one.
+# ``paper-80`` (the paper's tree) stays a named preset.
+DEFAULT_TREE = "auto"
+DEFAULT_LOOKUP = 24  # the planner cuts each continuation to what pays (long while copying)
 
 
 class TokenRecyclingDecoder(TreeDecoder):
@@ -45,9 +43,9 @@ class TokenRecyclingDecoder(TreeDecoder):
         prompt-lookup continuation merged into each tree (0 = the paper's method alone; None = the
         device default).  ``sampling``: lossless sampling instead of greedy decoding."""
         super().__init__(lm, max_new_tokens, sampling)
-        self.lookup = default_lookup(lm.device) if lookup is None else int(lookup)
+        self.lookup = DEFAULT_LOOKUP if lookup is None else int(lookup)
         if tree is None or tree == "default":
-            tree = default_tree_name(lm.device)
+            tree = DEFAULT_TREE
         self.planner = (planner or TreePlanner(lm, k=k)) if tree == "auto" else None
         if self.planner is not None:
             self.planner.use_temperature(sampling.temperature if sampling is not None else 0.0)
@@ -63,7 +61,7 @@ class TokenRecyclingDecoder(TreeDecoder):
     def set_tree(self, tree: TreeShape | str | list | None) -> None:
         """Use another tree shape from the next step on."""
         if tree is None or tree == "default":
-            tree = default_tree_name(self.lm.device)
+            tree = DEFAULT_TREE
         shape = tree if isinstance(tree, TreeShape) else load_tree(tree, k=self.matrix.k)
         if shape.max_rank >= self.matrix.k:
             raise ValueError(f"Tree {shape.name!r} needs rank {shape.max_rank}, but k={self.matrix.k}.")
@@ -156,11 +154,6 @@ def last_occurrences(tokens: torch.Tensor) -> torch.Tensor:
     latest = torch.full((int(tokens.max()) + 1,), -1, dtype=torch.long, device=tokens.device)
     latest.scatter_reduce_(0, tokens, pos, reduce="amax")
     return latest[tokens] == pos
-
-
-def default_lookup(device: torch.device) -> int:
-    """Prompt lookup merged into the tree: on by default where a forward's extra tokens cost."""
-    return 0 if device.type == "cuda" else CPU_DEFAULT_LOOKUP
 
 
 def _row_updates(rows) -> list[RowUpdate]:

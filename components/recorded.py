@@ -1,0 +1,84 @@
+"""ZeroGPU: a whole run decoded in one GPU call, then stepped through on the page.
+
+On a ZeroGPU Space each ``spaces.GPU`` call runs in a process forked for it: its arguments and its
+result cross pickled, and whatever it changed in its own memory is gone when it returns.  A live
+race (a model, two KV caches on the GPU) cannot live across calls, so there:
+
+* the model is loaded at start-up, outside any GPU call (``app.main``), and the hub is frozen:
+  nothing is ever loaded inside a call;
+* the first Step of a prompt decodes the whole run, TR (or PTD) against greedy, in **one** GPU call
+  (:meth:`Recorder.record`), timed there step by step exactly as a live race is; the page then steps
+  through the recorded ``Run`` (the run-file records), with every panel, the history and Teach mode;
+* what crosses is small and plain: the prompt and settings in, the ``Run`` out, plus the tab's
+  hot-start matrix both ways, on the host (a few MB of token ids);
+* the cost curve the auto tree plans with is measured in a GPU call at start-up
+  (:meth:`Recorder.cost_curve`) and kept in the main process, so every later call inherits it;
+* the Compare tab runs every method in one call and returns plain rows (:meth:`Recorder.compare`).
+
+The planner's acceptance statistics live inside a call and start from the shipped priors each run.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from tr_core.devices import oom_message
+from tr_core.matrix import AdjacencyMatrix
+from tr_core.runs import Run
+
+from .session import Session, Settings, UserError
+
+
+@dataclass
+class Recording:
+    """What comes back from a GPU call: the run (or why there is none) and the matrix after it."""
+
+    run: Run | None
+    matrix: AdjacencyMatrix | None  # on the host
+    error: str = ""
+    notice: str = ""
+
+
+class Recorder:
+    """The GPU side of the app on ZeroGPU: functions of small, picklable data (module doc)."""
+
+    def __init__(self, hub):
+        self.hub = hub
+
+    def record(self, prompt: str, s: Settings, cap: int, matrix: AdjacencyMatrix | None,
+               start_file: str | None) -> Recording:
+        """Decode ``prompt`` to the end with settings ``s`` against greedy; the run and the matrix."""
+        sess = Session(matrix=matrix, start_file=start_file)
+        try:
+            sess.begin(self.hub, prompt, s, cap)
+            while sess.in_progress:
+                sess.advance()
+        except UserError as err:
+            return Recording(None, matrix, str(err))
+        except torch.OutOfMemoryError:
+            lm = self.hub.get(s.model)
+            return Recording(None, matrix, oom_message(lm.name, lm.dtype, lm.device))
+        run = sess.view().to_run()
+        kept = sess.matrix.to("cpu") if sess.matrix is not None else matrix
+        return Recording(run, kept, notice=sess.message.replace("Done: end of text or token budget reached.", ""))
+
+    def compare(self, prompt: str, model: str, max_new: int) -> list[dict] | str:
+        """Every method run to the end on ``prompt`` (``components.compare.compare_methods``): plain rows,
+        or the refusal in words."""
+        from .compare import compare_rows
+
+        return compare_rows(self.hub, prompt, model, max_new)
+
+    def cost_curve(self):
+        """The default model's forward-cost curve, measured on the GPU (it lives on in the main process)."""
+        from tr_core.planner import cost_curve_for
+
+        return cost_curve_for(self.hub.get(None))
+
+
+def load_at_start_up(hub) -> None:
+    """ZeroGPU's pattern: the default model loaded in the main process before the app serves (on the
+    host, then moved to ``cuda``), and the hub frozen, so that no GPU call ever loads one."""
+    hub.get(None)
+    hub.freeze()

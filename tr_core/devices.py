@@ -1,0 +1,335 @@
+"""Every device decision in one place: which device, which dtype, which CPU kernels, what a device has.
+
+Nothing here assumes a machine.  What a CPU or GPU can do is probed on the machine itself, on tiny
+tensors, once per process, and every probe has a fallback:
+
+* **Devices** are compared as normalised ``torch.device`` objects (``cuda`` and ``cuda:0`` are the
+  same GPU), never as strings (:func:`normalise_device`, :func:`same_device`).
+* **CPU kernels.**  oneDNN's pre-packed linear kernels (``tr_core.prepack``) need instructions some
+  CPUs lack: bfloat16 packing needs AVX512-BW/VL/DQ or AVX-NE-CONVERT, which AMD EPYCs of the AVX2
+  generation do not have.  :func:`onednn_linear_works` tries a 16 x 16 product in the dtype and
+  compares it with PyTorch's plain kernel; where it fails, the model keeps its plain weights.
+* **The dtype** (:func:`pick_dtype`).  The rule, stated once:
+
+  - asked for: that dtype;
+  - on a CPU: float32 (exact), always;
+  - on a GPU: float32 (exact) when the float32 weights take at most ``FLOAT32_SHARE`` of the free
+    memory **and** a 32-token forward of the model's own layer shapes in float32 costs at most
+    ``EXACT_MAX_RATIO`` times a 1-token one, measured on this GPU at load
+    (:func:`float32_token_ratio`).  Otherwise bfloat16, where extra query tokens are nearly free and
+    each divergence from greedy is a near-tie the race explains.  The reason is kept with the model
+    and shown in the status line.
+* **Memory**: free bytes of a device and the words for running out of it (:func:`oom_message`).
+"""
+from __future__ import annotations
+
+import os
+import platform
+import time
+from dataclasses import dataclass
+from functools import lru_cache
+
+import torch
+
+FLOAT32_SHARE = 0.5  # float32 only where its weights take at most this share of the free GPU memory
+EXACT_MAX_RATIO = 1.5  # float32 only where a 32-token float32 forward costs at most this many 1-token ones
+PROBE_TOKENS = 32
+
+
+class DeviceError(RuntimeError):
+    """A device asked for that this machine does not have (the message says so)."""
+
+
+# ---- devices ------------------------------------------------------------------------------------
+def on_zero_gpu() -> bool:
+    """Whether this process is a Hugging Face ZeroGPU Space: the ``spaces`` package says so
+    (``spaces.config.Config.zero_gpu``).  There, each ``spaces.GPU`` call runs in a process forked
+    for it: the app loads its model at start-up, outside any GPU call, and only small, picklable
+    data crosses a call (``components.recorded``)."""
+    import importlib
+
+    try:
+        spaces = importlib.import_module("spaces")
+    except ImportError:
+        return False
+    config = getattr(getattr(spaces, "config", None), "Config", None)
+    return bool(getattr(config, "zero_gpu", False))
+
+
+def normalise_device(device) -> torch.device:
+    """``"cuda"``, ``"cuda:0"`` and ``torch.device("cuda", 0)`` are one device: ``cuda:<index>``
+    (the current GPU where no index is given, 0 where CUDA cannot say); ``cpu`` stays ``cpu``."""
+    dev = device if isinstance(device, torch.device) else torch.device(str(device))
+    if dev.type in ("cuda", "xpu", "mps") and dev.index is None:
+        index = 0
+        if dev.type == "cuda" and torch.cuda.is_available():
+            index = torch.cuda.current_device()
+        return torch.device(dev.type, index)
+    return dev
+
+
+def same_device(a, b) -> bool:
+    return normalise_device(a) == normalise_device(b)
+
+
+def pick_device(device: str | None) -> torch.device:
+    """The device for ``device`` (None, "" or "auto": the first CUDA GPU if there is one, else the CPU)."""
+    if device in (None, "", "auto"):
+        return normalise_device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as err:
+        raise DeviceError(f"{device!r} is not a device; use cpu, cuda or cuda:N.") from err
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise DeviceError(f"Device {device!r} was asked for, but no CUDA GPU is available here.")
+    if dev.type == "cuda" and (dev.index or 0) >= torch.cuda.device_count():
+        raise DeviceError(f"Device {device!r} was asked for, but this machine has "
+                          f"{torch.cuda.device_count()} GPU(s).")
+    return normalise_device(dev)
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for the work queued on ``device`` (its own GPU, e.g. ``cuda:1``); nothing on CPU."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def free_memory(device: torch.device) -> int | None:
+    """Bytes free on a CUDA device (0 elsewhere; None where CUDA cannot tell, e.g. outside a ZeroGPU call)."""
+    if device.type != "cuda":
+        return 0
+    try:
+        return torch.cuda.mem_get_info(device)[0]
+    except (RuntimeError, AssertionError):  # no CUDA in this build or process
+        return None
+
+
+def total_memory(device: torch.device) -> int:
+    return torch.cuda.mem_get_info(device)[1] if device.type == "cuda" else 0
+
+
+def release_device_memory(device: torch.device | None = None) -> None:
+    """Give the CUDA caching allocator's free blocks back (after a model or a cache was dropped)."""
+    if torch.cuda.is_available() and (device is None or device.type == "cuda"):
+        torch.cuda.empty_cache()
+
+
+def oom_message(what: str, dtype, device) -> str:
+    """Words for an out-of-memory error: the model, dtype, device and what is free there now."""
+    dev = normalise_device(device)
+    name = str(dtype).replace("torch.", "")
+    if dev.type == "cuda":
+        try:
+            free, total = torch.cuda.mem_get_info(dev)
+            room = f"{free / 2**30:.1f} GiB free of {total / 2**30:.1f} GiB"
+        except RuntimeError:
+            room = "free memory unknown"
+    else:
+        room = "host memory"
+    return (f"Out of memory running {what} in {name} on {dev} ({room}). Try fewer new tokens, a smaller "
+            "tree, bfloat16, or a smaller model.")
+
+
+def exact_float32(device: torch.device) -> None:
+    """Float32 matmuls and convolutions in full IEEE precision on ``device`` (TF32 off): what
+    "identical to greedy" needs on a GPU.  Process-wide, as PyTorch's setting is."""
+    if device.type != "cuda":
+        return
+    if hasattr(torch.backends.cuda.matmul, "fp32_precision"):  # torch >= 2.9
+        torch.backends.cuda.matmul.fp32_precision = "ieee"
+        torch.backends.cudnn.fp32_precision = "ieee"
+    else:
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+
+
+# ---- the CPU -------------------------------------------------------------------------------------
+def _reorder(weight: torch.Tensor, batch_hint: int):
+    return torch.ops.mkldnn._reorder_linear_weight(weight, batch_hint)
+
+
+def _packed_linear(x: torch.Tensor, packed, bias):
+    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+
+
+@lru_cache(maxsize=None)
+def onednn_linear_works(dtype: torch.dtype) -> bool:
+    """Whether oneDNN's pre-packed linear kernel runs on this CPU in ``dtype`` and computes what the
+    plain kernel does: tried once on a 16 x 16 weight (never decided from the CPU's name)."""
+    if dtype not in (torch.float32, torch.bfloat16) or not torch.backends.mkldnn.is_available():
+        return False
+    try:
+        gen = torch.Generator().manual_seed(0)
+        w = torch.randn(16, 16, generator=gen).to(dtype)
+        x = torch.randn(3, 16, generator=gen).to(dtype)
+        y = _packed_linear(x, _reorder(w, 3), None)
+        want = torch.nn.functional.linear(x.float(), w.float())
+        return bool(torch.allclose(y.float(), want, rtol=0.05, atol=0.05))
+    except (RuntimeError, NotImplementedError, AttributeError):
+        return False
+
+
+def prepack_available(device: torch.device, dtype: torch.dtype) -> bool:
+    """oneDNN packing applies to CPU models in a dtype this CPU's oneDNN kernels run."""
+    return device.type == "cpu" and onednn_linear_works(dtype)
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.lower().startswith(("model name", "hardware", "cpu model")):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith(("flags", "Features")):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+ISA_FLAGS = ("avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_bf16", "avx512_vnni",
+             "avx_ne_convert", "amx_bf16", "amx_tile", "neon", "asimd", "sve")
+
+
+def cpu_info() -> dict:
+    """What a benchmark report says of the CPU: its model, the ISA PyTorch dispatches to, the vector
+    flags that matter for the kernels here, and which oneDNN packings work (probed)."""
+    capability = getattr(getattr(torch.backends, "cpu", None), "get_cpu_capability", lambda: "unknown")()
+    flags = _cpu_flags()
+    return {"model": _cpu_model(), "arch": platform.machine(), "cores": os.cpu_count(),
+            "threads": torch.get_num_threads(), "torch_isa": capability,
+            "flags": [f for f in ISA_FLAGS if f in flags],
+            "onednn_packed": [str(d).replace("torch.", "") for d in (torch.float32, torch.bfloat16)
+                              if onednn_linear_works(d)]}
+
+
+# ---- the dtype -----------------------------------------------------------------------------------
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
+          "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
+
+
+@dataclass(frozen=True)
+class DtypeChoice:
+    dtype: torch.dtype
+    reason: str  # in words, for the status line and a benchmark's meta
+    ratio32: float | None = None  # a 32-token float32 forward over a 1-token one, where measured
+
+
+def parse_dtype(dtype) -> torch.dtype | None:
+    """``None``/"auto" -> None (the default rule); a name or ``torch.dtype`` -> that dtype."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype in (None, "", "auto"):
+        return None
+    if dtype not in DTYPES:
+        raise ValueError(f"Unknown dtype {dtype!r}; use one of {sorted(DTYPES)}.")
+    return DTYPES[dtype]
+
+
+def exact_mode_rule(parameters: int | None, free_bytes: int | None, ratio32: float | None) -> DtypeChoice:
+    """The GPU default (module doc) from the facts measured at load: the model's parameter count,
+    the device's free bytes, and the 32-to-1-token cost ratio of its shapes in float32."""
+    if parameters is None or free_bytes is None:
+        return DtypeChoice(torch.bfloat16, "bfloat16: the model's size or the free memory was unknown")
+    need = 4 * parameters
+    if need > FLOAT32_SHARE * free_bytes:
+        return DtypeChoice(torch.bfloat16, f"bfloat16: float32 weights ({need / 2**30:.1f} GiB) would take over "
+                                           f"{FLOAT32_SHARE:.0%} of the {free_bytes / 2**30:.1f} GiB free")
+    if ratio32 is None:
+        return DtypeChoice(torch.bfloat16, "bfloat16: the float32 forward cost could not be measured here")
+    if ratio32 > EXACT_MAX_RATIO:
+        return DtypeChoice(torch.bfloat16, f"bfloat16: a {PROBE_TOKENS}-token float32 forward costs {ratio32:.1f}x "
+                                           f"a 1-token one on this GPU (exact mode needs at most "
+                                           f"{EXACT_MAX_RATIO}x)", ratio32)
+    return DtypeChoice(torch.float32, f"float32: it fits, and a {PROBE_TOKENS}-token forward costs {ratio32:.2f}x "
+                                      "a 1-token one on this GPU", ratio32)
+
+
+def layer_shapes(config) -> list[tuple[int, int]]:
+    """(in, out) of one decoder layer's linear maps, from a transformers config."""
+    h = int(getattr(config, "hidden_size", 0) or getattr(config, "n_embd", 0) or 0)
+    inter = int(getattr(config, "intermediate_size", 0) or 4 * h)
+    heads = int(getattr(config, "num_attention_heads", 0) or 1)
+    kv = int(getattr(config, "num_key_value_heads", 0) or heads)
+    head_dim = int(getattr(config, "head_dim", 0) or h // heads)
+    if not h:
+        return []
+    return [(h, heads * head_dim), (h, 2 * kv * head_dim), (heads * head_dim, h), (h, 2 * inter), (inter, h)]
+
+
+@torch.inference_mode()
+def float32_token_ratio(device: torch.device, shapes: list[tuple[int, int]], tokens: int = PROBE_TOKENS,
+                        repeats: int = 5) -> float | None:
+    """Seconds of one layer's linear maps for ``tokens`` rows over those for 1 row, in float32 with
+    TF32 off, on ``device`` (median of ``repeats``); None where it cannot be measured (no room,
+    no shapes, no GPU work possible in this process)."""
+    if not shapes:
+        return None
+    try:
+        exact_float32(device)
+        weights = [torch.randn(o, i, device=device) * 0.02 for i, o in shapes]
+
+        def run(q: int) -> float:
+            x = torch.randn(q, max(i for i, _ in shapes), device=device)
+            times = []
+            for r in range(repeats + 1):
+                synchronize(device)
+                t0 = time.perf_counter()
+                for w in weights:
+                    torch.nn.functional.linear(x[:, :w.shape[1]], w)
+                synchronize(device)
+                if r:
+                    times.append(time.perf_counter() - t0)
+            return sorted(times)[len(times) // 2]
+        one, many = run(1), run(tokens)
+        del weights
+        release_device_memory(device)
+        return many / one if one > 0 else None
+    except (RuntimeError, AssertionError, torch.OutOfMemoryError):
+        release_device_memory(device)
+        return None
+
+
+def pick_dtype(dtype, device: torch.device, parameters: int | None = None, shapes=None,
+               measure=None) -> DtypeChoice:
+    """The dtype for ``dtype`` ("auto"/None: the rule of the module doc); ``shapes``: one layer's
+    linear maps (:func:`layer_shapes`), timed on ``device`` by ``measure``."""
+    asked = parse_dtype(dtype)
+    if asked is not None:
+        return DtypeChoice(asked, f"{str(asked).replace('torch.', '')}: asked for")
+    if device.type != "cuda":
+        return DtypeChoice(torch.float32, "float32: the default on a CPU")
+    free = free_memory(device)
+    first = exact_mode_rule(parameters, free, 1.0)  # memory alone: measure only where float32 fits
+    if first.dtype != torch.float32:
+        return first
+    return exact_mode_rule(parameters, free, (measure or float32_token_ratio)(device, list(shapes or [])))
+
+
+def precision_words(dtype: torch.dtype) -> str:
+    """The promise a dtype makes and its price, in words for a status line."""
+    if dtype == torch.float32:
+        return "float32, exact: identical to greedy; tree tokens cost more"
+    name = str(dtype).replace("torch.", "")
+    return f"{name}: faster; divergences are near-ties, each explained"
+
+
+def cuda_name(device: torch.device) -> str | None:
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else None
+
+
+def describe_machine(device: torch.device) -> str:
+    """One line: the GPU's name, or the CPU's model and ISA (for reports and the status line)."""
+    if device.type == "cuda":
+        return cuda_name(device) or "GPU"
+    info = cpu_info()
+    return f"{info['model']} ({info['torch_isa']}, {info['threads']} threads)"
