@@ -70,6 +70,13 @@ class Handlers:
     def on_unload(self, request: gr.Request) -> None:
         self.end_session(self.live.get(request.session_hash))
 
+    def model_facts(self) -> dict:
+        """Model, dtype and device of the loaded model (for a message when no run has a header yet)."""
+        for key in self.hub.loaded():
+            lm = self.hub.get(key)
+            return {"model": lm.name, "dtype": str(lm.dtype).replace("torch.", ""), "device": str(lm.device)}
+        return {}
+
     def free_idle(self, now: float | None = None) -> int:
         """Free the KV caches of tabs idle for ``IDLE_SECONDS``; how many were freed."""
         now = time.monotonic() if now is None else now
@@ -100,7 +107,7 @@ class Handlers:
 
     def failed(self, sess: Session, err: Exception) -> tuple:
         """Every failure becomes words in the page (and a toast); an unexpected one resets the session."""
-        text = error_text(err, sess.header)
+        text = error_text(err, sess.header or self.model_facts())
         if not isinstance(err, UserError):
             sess.reset()
         if isinstance(err, torch.OutOfMemoryError):

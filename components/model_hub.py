@@ -60,7 +60,7 @@ class ModelHub:
 
     def freeze(self) -> None:
         """From now on, serve only the models already loaded (ZeroGPU, after start-up)."""
-        self.frozen, self.allow_other_models = True, False
+        self.frozen = True
 
     @staticmethod
     def normalise(spec: str | None) -> str:
@@ -70,7 +70,7 @@ class ModelHub:
     def get(self, spec: str | None = None) -> LoadedModel:
         """The model for ``spec`` (None or empty: the server's default), loaded on first use."""
         key = self.normalise(spec) if spec else self.default
-        if key != EMBEDDED and not self.allow_other_models:
+        if key not in (EMBEDDED, self.default) and key not in self._models and not self.allow_other_models:
             raise ModelLoadError("This server only runs the embedded model.")
         with self._lock:
             if key not in self._models and key != self.default and key != EMBEDDED:

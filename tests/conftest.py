@@ -10,6 +10,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 TINY_VOCAB = 96
+# The embedded-model tests pin their device (and the default dtype rule then gives float32 there):
+# on a GPU host the suite still checks what it checks on a CPU.  The GPU has its own check:
+# ``python -m tr_core.bench.gpu_check``.
+DEVICE = os.environ.get("TR_TEST_DEVICE", "cpu")
 
 
 def make_tiny_tokenizer():
@@ -51,7 +55,7 @@ def tiny_lm():
 def embedded_lm():
     from tr_core import load_model
 
-    return load_model()
+    return load_model(device=DEVICE)
 
 
 def reference_greedy(lm, ids: list[int], max_new_tokens: int) -> list[int]:

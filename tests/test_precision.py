@@ -9,6 +9,8 @@ from tr_core import GreedyDecoder, TokenRecyclingDecoder
 from tr_core.precision import BUG, NEAR_TIE, describe, explain_divergence, rounding_bound, ulp
 from tr_core.verify import Verdict
 
+from .conftest import DEVICE
+
 NEW_TOKENS = 48
 # Prompts whose bf16 Token Recycling output leaves bf16 greedy's within NEW_TOKENS on this model.
 BF16_PROMPTS = [
@@ -58,7 +60,7 @@ def test_a_wrong_verifier_is_a_bug_in_float32(tiny_lm, monkeypatch):
 def bf16_lm():
     from tr_core import load_model
 
-    return load_model(dtype="bfloat16")
+    return load_model(device=DEVICE, dtype="bfloat16")
 
 
 def test_bf16_divergences_on_the_embedded_model_are_near_ties(bf16_lm):

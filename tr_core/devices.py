@@ -126,8 +126,8 @@ def oom_message(what: str, dtype, device) -> str:
             room = "free memory unknown"
     else:
         room = "host memory"
-    return (f"Out of memory running {what} in {name} on {dev} ({room}). Try fewer new tokens, a smaller "
-            "tree, bfloat16, or a smaller model.")
+    return (f"The device ({dev}) ran out of memory running {what} in {name} ({room}). Try fewer new tokens, "
+            "a smaller tree, bfloat16, or a smaller model.")
 
 
 def exact_float32(device: torch.device) -> None:
@@ -278,7 +278,7 @@ def float32_token_ratio(device: torch.device, shapes: list[tuple[int, int]], tok
         exact_float32(device)
         weights = [torch.randn(o, i, device=device) * 0.02 for i, o in shapes]
 
-        def run(q: int) -> float:
+        def run(q: int, weights: list[torch.Tensor]) -> float:
             x = torch.randn(q, max(i for i, _ in shapes), device=device)
             times = []
             for r in range(repeats + 1):
@@ -290,7 +290,7 @@ def float32_token_ratio(device: torch.device, shapes: list[tuple[int, int]], tok
                 if r:
                     times.append(time.perf_counter() - t0)
             return sorted(times)[len(times) // 2]
-        one, many = run(1), run(tokens)
+        one, many = run(1, weights), run(tokens, weights)
         del weights
         release_device_memory(device)
         return many / one if one > 0 else None

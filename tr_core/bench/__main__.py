@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 
 from ..decoders.recycling import DEFAULT_TREE
+from ..devices import cpu_info, free_memory, oom_message, release_device_memory
 from ..models import ModelLoadError, load_model
 from ..sampling import SamplingConfig
 from ..trees import TreeError
@@ -49,6 +50,17 @@ def calibration_overlap(prompts, offset: int, limit: int, no_group: bool) -> str
                 "figures from them are optimistic; --split eval reports the others.")
     return None
 
+def model_bytes(lm) -> int:
+    return sum(p.numel() * p.element_size() for p in lm.model.parameters())
+
+
+def second_copy_fits(lm, share: float = 0.8) -> bool:
+    """Whether an untouched second copy of ``lm`` fits beside it (on a GPU: within ``share`` of what is
+    free now; on a CPU it is host memory, assumed to fit)."""
+    free = free_memory(lm.device)
+    return lm.device.type != "cuda" or (free is not None and model_bytes(lm) <= share * free)
+
+
 def run_meta(args, lm, specs, sampling, offset: int) -> dict:
     """What a report needs to be read and repeated: model, machine, versions, settings, kernels, trees."""
     import transformers
@@ -58,6 +70,7 @@ def run_meta(args, lm, specs, sampling, offset: int) -> dict:
             "kernels_by_rows": (kernel_choice(lm.model).as_dict() if lm.prepacked else None),
             "torch": torch.__version__, "transformers": transformers.__version__,
             "machine": f"{platform.machine()} {platform.processor() or ''} threads={torch.get_num_threads()}".strip(),
+            "cpu": cpu_info(), "dtype_reason": lm.dtype_reason,
             "gpu": torch.cuda.get_device_name(lm.device) if lm.device.type == "cuda" else None,
             "peers": args.peers, "prompts_file": str(args.prompts), "offset": offset, "limit": args.limit, "max_new_tokens": args.max_new_tokens,
             "turns": args.turns, "template": lm.template, "attention": lm.layout.describe(), "sampling": None if sampling is None else vars(sampling), "matrix_shape": [lm.vocab_size, args.k],
@@ -125,13 +138,27 @@ def main(argv: list[str] | None = None) -> int:
         sampling = (SamplingConfig(args.temperature, args.top_p, args.top_k, args.seed)
                     if args.temperature > 0 else None)
         lm = load_model(args.model, args.device, args.dtype, prepack=not args.no_prepack)
+        if args.peers == "untouched" and not second_copy_fits(lm):
+            print(f"note: a second copy of {lm.name} ({model_bytes(lm) / 2**30:.1f} GiB) does not fit in the "
+                  f"{(free_memory(lm.device) or 0) / 2**30:.1f} GiB free on {lm.device}: the peers run on the same "
+                  "model (--peers same)", file=sys.stderr)
+            args.peers = "same"
         plain = load_untouched(args.model, lm.device, lm.dtype) if args.peers == "untouched" else None
         specs = parse_methods(args.methods, lm, args.tree, args.k, args.lookup, sampling, plain)
     except (OSError, ValueError, ModelLoadError, TreeError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    runs = run_benchmark(lm, prompts, specs, args.max_new_tokens, args.warmup, progress=not args.quiet,
-                         turns=args.turns, compare=sampling is None)
+    except torch.OutOfMemoryError:
+        print(f"error: {oom_message(args.model or 'the embedded model', args.dtype or 'auto', args.device or 'auto')}",
+              file=sys.stderr)
+        return 3
+    try:
+        runs = run_benchmark(lm, prompts, specs, args.max_new_tokens, args.warmup, progress=not args.quiet,
+                             turns=args.turns, compare=sampling is None)
+    except torch.OutOfMemoryError:
+        release_device_memory(lm.device)
+        print(f"error: {oom_message(lm.name, lm.dtype, lm.device)}", file=sys.stderr)
+        return 3
     meta = run_meta(args, lm, specs, sampling, offset)
     summary = summarize(runs, meta)
     print(format_table(summary))

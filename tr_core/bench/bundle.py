@@ -34,13 +34,16 @@ WEIGHTS = "weights.safetensors.xz"
 RUN_SH = """#!/usr/bin/env bash
 # GPU benchmark from a bundle made by `python -m tr_core.bench.bundle make` (no network needed).
 # Run from the repository root: bash {bundle}/run.sh   (results go to $OUT, else {bundle}/out)
-# Settings by environment: DEVICE (cuda), DTYPE (bfloat16), LIMIT per category (5), TOKENS (128), METHODS.
+# Settings by environment: DEVICE (cuda), DTYPE (float32: exact, so "identical" is token for token), LIMIT per
+# category (5), TOKENS (128), METHODS.  The GPU check (tr_core.bench.gpu_check) runs first, on the same copy.
 set -euo pipefail
 B={bundle}
 R=${{OUT:-$B/out}}; mkdir -p "$R"
 M=${{TMPDIR:-/tmp}}/tr_bundle_model
-python3 -m tr_core.bench.bundle unpack "$B" "$M" --dtype ${{DTYPE:-bfloat16}}
-python3 -m tr_core.bench --model "$M" --device ${{DEVICE:-cuda}} --dtype ${{DTYPE:-bfloat16}} \\
+python3 -m tr_core.bench.bundle unpack "$B" "$M" --dtype ${{DTYPE:-float32}}
+python3 -m tr_core.bench.gpu_check --model "$M" --device ${{DEVICE:-cuda}} --json "$R/gpu_check.json" \\
+  | tee "$R/gpu_check.txt" || true
+python3 -m tr_core.bench --model "$M" --device ${{DEVICE:-cuda}} --dtype ${{DTYPE:-float32}} \\
   --prompts "$B/question.jsonl" --limit ${{LIMIT:-5}} --max-new-tokens ${{TOKENS:-128}} \\
   --methods ${{METHODS:-greedy,tr,tr:auto,tr:auto+pld10,tr:tr-20,pld,hf-pld,ptd}} --quiet \\
   --json "$R/gpu_bench.json" --csv "$R/gpu_bench.csv" | tee "$R/gpu_bench.txt"
@@ -127,7 +130,7 @@ def make_bundle(out: Path, prompts: Path, spec: str | None = None, per_category:
     return sum(f.stat().st_size for f in out.rglob("*") if f.is_file())
 
 
-def unpack_bundle(bundle: Path, out: Path, dtype: str = "bfloat16") -> None:
+def unpack_bundle(bundle: Path, out: Path, dtype: str = "float32") -> None:
     """Rebuild a standard Hugging Face model folder from a bundle (weights in ``dtype``)."""
     from safetensors.torch import save_file
 
@@ -169,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     un = sub.add_parser("unpack", help="rebuild a Hugging Face model folder from a bundle")
     un.add_argument("bundle")
     un.add_argument("out")
-    un.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
+    un.add_argument("--dtype", default="float32", choices=("bfloat16", "float16", "float32"))
     args = ap.parse_args(argv)
     from ..models import ModelLoadError
 

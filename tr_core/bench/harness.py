@@ -6,7 +6,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-import torch
 
 from ..decoders import GreedyDecoder, ProgressiveTreeDecoder, PromptLookupDecoder, TokenRecyclingDecoder
 from ..decoders.base import Decoder

@@ -210,9 +210,14 @@ def format_table(summary: dict) -> str:
     """A plain-text table: one row per method (speedup over the fastest plain greedy, with its 95%
     interval over prompts), the A/A check, then speedup per category."""
     methods = summary["methods"]
+    meta, cpu = summary.get("meta", {}), summary.get("meta", {}).get("cpu") or {}
+    where = meta.get("gpu") or (f"{cpu.get('model', '?')} ({cpu.get('torch_isa', '?')}, {cpu.get('threads', '?')} "
+                                f"threads; oneDNN packed: {', '.join(cpu.get('onednn_packed', [])) or 'none'})")
     head = (f"{'method':<22}{'tokens':>8}{'seconds':>10}{'tok/s':>9}{'MAT':>7}{'speedup':>9}{'95% CI':>15}"
             f"{'identical':>11}")
-    lines = [head, "-" * len(head)]
+    lines = [f"{meta.get('model', '?')}, {meta.get('dtype', '?')} on {meta.get('device', '?')}: {where}" if meta else "",
+             head, "-" * len(head)]
+    lines = [x for x in lines if x]
     for name, m in methods.items():
         mat = f"{m['mat']:>7.2f}" if m["mat"] is not None else f"{'-':>7}"
         lines.append(f"{name:<22}{m['new_tokens']:>8}{m['seconds']:>10.2f}{m['tok_per_s']:>9.2f}"

@@ -1,0 +1,196 @@
+"""Device decisions (tr_core.devices), without a GPU and without assuming anything of this CPU."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tr_core import devices
+
+from .conftest import make_tiny_model
+
+
+def test_devices_are_compared_normalised_not_as_strings():
+    assert devices.normalise_device("cuda") == torch.device("cuda", 0)  # no CUDA here: index 0
+    assert devices.same_device("cuda", torch.device("cuda:0")) and devices.same_device("cpu", torch.device("cpu"))
+    assert not devices.same_device("cuda:1", "cuda:0") and not devices.same_device("cpu", "cuda")
+    assert str(torch.device("cuda")) != str(torch.device("cuda:0"))  # what the old string test got wrong
+
+
+def test_a_hot_start_matrix_follows_the_model_to_its_device(tiny_lm):
+    from components.session import Session
+
+    sess = Session()
+    m = sess.matrix_for(tiny_lm, 8, True)
+    m.table[5, 0] = 7
+    assert sess.matrix_for(tiny_lm, 8, True) is m  # same device: the same matrix, kept
+    moved = m.to("meta")  # another device: a copy goes there, the rows come along
+    assert moved.table.device.type == "meta" and moved.fingerprint == m.fingerprint and m.to("cpu") is m
+
+
+def test_the_out_of_memory_message_names_model_dtype_device_and_room(monkeypatch):
+    text = devices.oom_message("Qwen/Qwen2.5-7B", torch.bfloat16, "cpu")
+    assert "Qwen/Qwen2.5-7B" in text and "bfloat16" in text and "cpu" in text
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (3 * 2**30, 24 * 2**30))
+    text = devices.oom_message("m", "float32", torch.device("cuda", 0))
+    assert "3.0 GiB free of 24.0 GiB" in text and "cuda:0" in text
+
+
+def test_the_app_says_out_of_memory_in_those_words(monkeypatch):
+    from components.handlers import error_text
+
+    text = error_text(torch.OutOfMemoryError("CUDA out of memory"), {"model": "lmsys/vicuna-7b-v1.3",
+                                                                      "dtype": "float32", "device": "cpu"})
+    assert "lmsys/vicuna-7b-v1.3" in text and "float32" in text and "Traceback" not in text
+
+
+def test_a_model_switch_frees_the_old_model_before_loading_the_new_one(monkeypatch):
+    import components.model_hub as model_hub
+
+    events = []
+    monkeypatch.setattr(model_hub, "release_device_memory", lambda device=None: events.append("empty cache"))
+    hub = model_hub.ModelHub(keep=1, loader=lambda spec, d, t: events.append(f"load {spec} beside "
+                                                                             f"{hub.loaded()}") or spec)
+    monkeypatch.setattr(model_hub, "check_hub_id", lambda spec: None)
+    hub.get("org/a")
+    hub.get("org/b")
+    assert events == ["empty cache", "load org/a beside []", "empty cache", "load org/b beside []"]
+    hub.freeze()  # ZeroGPU: only what was loaded at start-up
+    assert hub.get("org/b") == "org/b"
+    with pytest.raises(model_hub.ModelLoadError, match="only"):
+        hub.get("org/c")
+
+
+def test_onednn_packing_is_probed_and_its_absence_falls_back_to_plain_weights(monkeypatch, tmp_path, tiny_lm):
+    """A CPU without the instructions (e.g. AVX2 only, in bfloat16) refuses oneDNN's reorder; simulated."""
+    from tr_core import load_model
+    from tr_core.prepack import prepack_linears
+
+    def refuse(weight, batch_hint):
+        raise RuntimeError("mkldnn_reorder_linear_weight: bf16 path needs the cpu support avx_ne_convert "
+                           "or avx512bw, avx512vl and avx512dq")
+    monkeypatch.setattr(devices, "_reorder", refuse)
+    devices.onednn_linear_works.cache_clear()
+    try:
+        assert not devices.onednn_linear_works(torch.bfloat16) and not devices.prepack_available(
+            torch.device("cpu"), torch.bfloat16)
+        assert devices.cpu_info()["onednn_packed"] == []
+        tiny_lm.model.save_pretrained(tmp_path)
+        tiny_lm.tokenizer.save_pretrained(tmp_path)
+        lm = load_model(str(tmp_path), device="cpu", dtype="bfloat16")
+        assert lm.prepacked == 0 and lm.dtype == torch.bfloat16
+        with torch.inference_mode():
+            assert lm.model(input_ids=torch.tensor([[3, 4, 5]])).logits.shape[-1] == lm.vocab_size
+    finally:
+        devices.onednn_linear_works.cache_clear()
+    # a probe that passes but a layer that fails (a shape the probe did not try): nothing is swapped
+    import tr_core.prepack as prepack
+
+    class Refusing(prepack.PackedLinear):
+        def __init__(self, *a, **k):
+            raise RuntimeError("oneDNN refused this shape")
+    monkeypatch.setattr(prepack, "PackedLinear", Refusing)
+    model = make_tiny_model()
+    assert prepack_linears(model) == 0 and all(type(m) is not Refusing for m in model.modules())
+
+
+def curve(one_ms: float, at81_ms: float):
+    """A synthetic cost curve, linear from 1 to 81 query tokens."""
+    from tr_core.planner import CostCurve
+
+    return CostCurve([1, 81, 96], [one_ms / 1e3, at81_ms / 1e3, (at81_ms + (at81_ms - one_ms) * 15 / 80) / 1e3])
+
+
+def test_the_planner_picks_a_small_tree_for_float32_on_a_gpu_and_a_large_one_for_bfloat16(tiny_lm):
+    """fp32 on a GPU: 1 token 15 ms, 81 tokens 56 ms; bf16: 81 tokens 17 ms.  Each curve gets its own
+    tree, and each tree beats the other curve's choice on its own curve."""
+    import dataclasses
+
+    from tr_core.planner import TreePlanner
+
+    trees = {}
+    for name, c in (("fp32", curve(15, 56)), ("bf16", curve(15, 17))):
+        planner = TreePlanner(dataclasses.replace(tiny_lm, cost_curve=c))
+        trees[name] = (planner.tree.size, planner.expected, c)
+    small, large = trees["fp32"][0], trees["bf16"][0]
+    assert 0 < small <= 24 and large >= 60 and large > 2 * small, trees
+
+    def rate(size, expected, c):
+        return expected / c(1 + size)
+    for mine, other in (("fp32", "bf16"), ("bf16", "fp32")):
+        c = trees[mine][2]
+        other_planner = TreePlanner(dataclasses.replace(tiny_lm, cost_curve=trees[other][2]))
+        assert rate(trees[mine][0], trees[mine][1], c) > rate(other_planner.tree.size, other_planner.expected, c)
+
+
+def test_a_released_kv_cache_is_rebuilt_and_the_output_stays_greedy(tiny_lm):
+    from tr_core import GreedyDecoder, TokenRecyclingDecoder
+    from tr_core.race import Race
+
+    from .conftest import reference_greedy
+
+    prompt = [5, 9, 14, 3, 22, 9, 14]
+    race = Race(TokenRecyclingDecoder(tiny_lm, tree="tr-16", max_new_tokens=40), GreedyDecoder(tiny_lm, 40))
+    race.start(prompt)
+    for n in range(200):
+        if race.done:
+            break
+        race.step()
+        if n % 3 == 1:
+            assert race.release_caches() and race.decoder.cache is None  # an idle tab's caches go
+    assert race.decoder.output == reference_greedy(tiny_lm, prompt, 40) == race.greedy.output[:40]
+    assert all(s.wall is not None and s.seconds == s.wall for s in race.decoder.steps)  # whole-step wall clock
+
+
+def test_the_bench_uses_one_copy_where_a_second_does_not_fit(monkeypatch, tiny_lm):
+    import dataclasses
+
+    import tr_core.bench.__main__ as bench
+
+    gpu = dataclasses.replace(tiny_lm, device=torch.device("cuda", 0))
+    size = bench.model_bytes(gpu)
+    monkeypatch.setattr(bench, "free_memory", lambda device: 10 * size)
+    assert bench.second_copy_fits(gpu)
+    monkeypatch.setattr(bench, "free_memory", lambda device: size)
+    assert not bench.second_copy_fits(gpu) and bench.second_copy_fits(tiny_lm)  # a CPU's host memory
+
+
+def test_gpu_check_runs_end_to_end_on_the_cpu_with_small_shapes(embedded_lm, tmp_path, capsys):
+    from tr_core.bench import gpu_check
+
+    report = gpu_check.run_check(None, "cpu", "small", prompts=1, tokens=8, dtypes=["float32", "bfloat16"],
+                                 repeats=1, loaded={"float32": embedded_lm})
+    fp32 = report["exactness"]["float32"]
+    assert set(fp32) == {"tr (auto)", "tr:paper-80", "ptd", "pld"}
+    assert all(m["identical"] == m["prompts"] == 1 for m in fp32.values())
+    assert all(m["bugs"] == 0 for m in report["exactness"]["bfloat16"].values())
+    for dtype in ("float32", "bfloat16"):
+        c = report["costs"][dtype]
+        assert set(c["seconds_by_cache"]) == {"16", "64"} and len(c["lengths"]) == len(c["seconds_by_cache"]["16"])
+        assert "projected_speedup_planner" in c and "projected_speedup_paper80" in c
+    assert report["app"]["steps"] == 3 and report["app"]["identical"]
+    text = gpu_check.format_report(report)
+    assert "PROJECTED" in text and "exact-mode rule" in text
+
+
+@pytest.mark.skipif(__import__("platform").machine() not in ("x86_64", "AMD64"), reason="x86 ISA limits")
+def test_on_an_avx2_only_cpu_bfloat16_loads_with_plain_weights(tmp_path, tiny_lm):
+    """oneDNN and PyTorch told to use AVX2 at most (as on an AMD EPYC without AVX-512), in a fresh
+    process: bfloat16 packing is refused there, so the model keeps plain weights and still decodes."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    tiny_lm.model.save_pretrained(tmp_path)
+    tiny_lm.tokenizer.save_pretrained(tmp_path)
+    code = ("import json, torch; from tr_core import load_model, devices, TokenRecyclingDecoder; "
+            f"lm = load_model({str(tmp_path)!r}, 'cpu', 'bfloat16'); "
+            "out = TokenRecyclingDecoder(lm, tree='tr-8', max_new_tokens=6).generate([5, 9, 14]); "
+            "print(json.dumps([lm.prepacked, devices.cpu_info(), len(out)]))")
+    env = dict(os.environ, ONEDNN_MAX_CPU_ISA="AVX2", ATEN_CPU_CAPABILITY="avx2")
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300,
+                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert done.returncode == 0, done.stderr[-2000:]
+    packed, cpu, n = json.loads(done.stdout.strip().splitlines()[-1])
+    assert packed == 0 and "bfloat16" not in cpu["onednn_packed"] and cpu["torch_isa"] in ("AVX2", "DEFAULT")
+    assert n == 6
