@@ -230,7 +230,7 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description="Token Recycling, step by step (Gradio app)")
     ap.add_argument("--model", default=env("TR_MODEL"), help="default model: 'embedded' or a HF id")
     ap.add_argument("--device", default=env("TR_DEVICE"), help="cpu, cuda, cuda:1 (default: cuda if present)")
-    ap.add_argument("--dtype", default=env("TR_DTYPE"), help="float32 (CPU default), bfloat16 (GPU default)")
+    ap.add_argument("--dtype", default=env("TR_DTYPE"), help="float32 or bfloat16 (default: float32 on a CPU; on a GPU, by the rule of tr_core.devices)")
     ap.add_argument("--host", default=env("GRADIO_SERVER_NAME", "127.0.0.1"))
     ap.add_argument("--port", type=int, default=int(env("GRADIO_SERVER_PORT", "7860")))
     ap.add_argument("--max-new-tokens-cap", type=int, default=int(env("TR_MAX_NEW_TOKENS", "256")))

@@ -16,7 +16,7 @@ from tr_core.devices import oom_message, release_device_memory
 from .memory import release_freed_memory
 from .model_hub import ModelHub
 from .panels import draw_panels
-from .session import METHODS, Session, Settings, UserError
+from .session import METHODS, Session, Settings, Superseded, UserError
 from .zerogpu import gpu_task
 
 IDLE_SECONDS = 300  # a tab idle this long gives its KV caches back (rebuilt when it steps again)
@@ -49,6 +49,12 @@ class Handlers:
         self.hub, self.cap, self.matrix_path, self.on_session_end = hub, cap, matrix_path, on_session_end
         self.record = record
         self.live: dict[str, Session] = {}
+        hub.on_evict.append(self.forget_model)
+
+    def forget_model(self, lm) -> None:
+        """The hub evicted ``lm``: every tab drops its race and planner on it, so its memory goes."""
+        for sess in list(self.live.values()):
+            sess.forget(lm)
 
     # ---- sessions ---------------------------------------------------------------------------
     def session(self, sess: Session | None, request: gr.Request | None) -> Session:
@@ -107,6 +113,10 @@ class Handlers:
 
     def failed(self, sess: Session, err: Exception) -> tuple:
         """Every failure becomes words in the page (and a toast); an unexpected one resets the session."""
+        if isinstance(err, Superseded):
+            return self.render(sess)  # Reset came first: its page stands
+        if isinstance(err, gr.Error):  # e.g. ZeroGPU's own refusals (quota, a GPU task aborted): words, no reset
+            err = UserError(str(getattr(err, "message", err)))
         text = error_text(err, sess.header or self.model_facts())
         if not isinstance(err, UserError):
             sess.reset()
@@ -144,6 +154,7 @@ class Handlers:
                 run = sess.current()
                 yield self.render(sess)
                 while not sess.closed and not sess.stop and sess.current() is run and sess.in_progress:
+                    sess.last_active = time.monotonic()
                     sess.next_step(run)
                     if sess.current() is not run:
                         return  # Reset meanwhile: its own redraw ("Reset.") stands

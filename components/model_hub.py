@@ -55,6 +55,8 @@ class ModelHub:
         self.default = self.normalise(default)
         self.allow_other_models = allow_other_models
         self.frozen = False  # ZeroGPU: serve only what is loaded (``freeze``)
+        self.start_error = ""  # why the start-up load failed (ZeroGPU), said for every later request
+        self.on_evict = []  # callbacks(lm) that drop every other reference to an evicted model (the sessions')
         self._models: dict[str, LoadedModel] = {self.normalise(k): v for k, v in (loaded or {}).items()}
         self._lock = threading.Lock()
 
@@ -76,7 +78,7 @@ class ModelHub:
             if key not in self._models and key != self.default and key != EMBEDDED:
                 check_hub_id(key)  # a visitor's choice; the operator's default may be a folder or file
             if key not in self._models and self.frozen:
-                raise ModelLoadError("This Space serves only the model it loaded at start-up.")
+                raise ModelLoadError(self.start_error or "This Space serves only the model it loaded at start-up.")
             if key not in self._models:
                 self.evict(self.keep - 1)
                 self._models[key] = self.loader(None if key == EMBEDDED else key, self.device, self.dtype)
@@ -85,7 +87,10 @@ class ModelHub:
     def evict(self, keep: int) -> None:
         """Free the oldest models until ``keep`` are left, then give their memory back (GPU and host)."""
         while len(self._models) > max(keep, 0):
-            self._models.pop(next(iter(self._models)))
+            lm = self._models.pop(next(iter(self._models)))
+            for forget in self.on_evict:
+                forget(lm)
+            del lm
         gc.collect()
         release_device_memory()
 

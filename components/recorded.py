@@ -52,6 +52,7 @@ class Recorder:
         sess = Session(matrix=matrix, start_file=start_file)
         try:
             sess.begin(self.hub, prompt, s, cap)
+            notice = sess.notice  # e.g. where the matrix came from: said with the first step shown
             while sess.in_progress:
                 sess.advance()
         except UserError as err:
@@ -61,7 +62,7 @@ class Recorder:
             return Recording(None, matrix, oom_message(lm.name, lm.dtype, lm.device))
         run = sess.view().to_run()
         kept = sess.matrix.to("cpu") if sess.matrix is not None else matrix
-        return Recording(run, kept, notice=sess.message.replace("Done: end of text or token budget reached.", ""))
+        return Recording(run, kept, notice=notice)
 
     def compare(self, prompt: str, model: str, max_new: int) -> list[dict] | str:
         """Every method run to the end on ``prompt`` (``components.compare.compare_methods``): plain rows,
@@ -80,5 +81,11 @@ class Recorder:
 def load_at_start_up(hub) -> None:
     """ZeroGPU's pattern: the default model loaded in the main process before the app serves (on the
     host, then moved to ``cuda``), and the hub frozen, so that no GPU call ever loads one."""
-    hub.get(None)
+    from tr_core.models import ModelLoadError
+
+    try:
+        hub.get(None)
+    except ModelLoadError as err:  # the page still opens, replays run files and says why in the status line
+        print(f"warning: the model did not load at start-up: {err}", flush=True)
+        hub.start_error = str(err)
     hub.freeze()

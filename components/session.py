@@ -33,6 +33,10 @@ class UserError(Exception):
     """A problem to show the user in words."""
 
 
+class Superseded(Exception):
+    """The tab was reset while this step was being set up: nothing is shown for it."""
+
+
 @dataclass(frozen=True)
 class Settings:
     model: str
@@ -102,6 +106,7 @@ class Session:
     revealed: int = 0  # how many of its steps the page has stepped through
     last_active: float = field(default_factory=time.monotonic)  # for freeing an idle tab's KV caches
     busy: int = 0  # steps of this tab in flight (Reset waits for them)
+    epoch: int = 0  # counts resets: a run set up across one is dropped
 
     # ---- lifecycle -------------------------------------------------------------------------
     def matrix_for(self, lm: LoadedModel, k: int, hot_start: bool) -> AdjacencyMatrix:
@@ -139,6 +144,9 @@ class Session:
         """A new race on ``prompt`` (returned); the matrix carries over when hot start is on."""
         check_prompt(prompt)
         s.validate(cap)
+        epoch = self.epoch
+        if self.started_with is not None and self.started_with[1].model != s.model:
+            self.race = self.planner = self.planner_model = None  # let a model switch free the old one
         try:
             lm = hub.get(s.model)
         except ModelLoadError as err:
@@ -158,6 +166,8 @@ class Session:
             race.start(lm.encode_prompt(prompt))
         except (DecodeError, TreeError, ValueError, OSError) as err:
             raise UserError(str(err)) from None
+        if self.epoch != epoch:
+            raise Superseded()  # Reset while this race was being set up: Reset's page stands
         self.race, self.prompt, self.started_with = race, prompt, (prompt, s)
         self.header = run_header(lm, s.method, asdict(s), prompt, race.decoder.prompt)
         self.replay, self.recorded = None, None
@@ -195,7 +205,10 @@ class Session:
         if self.recorded is None or self.started_with != (prompt, s) or not self.in_progress:
             check_prompt(prompt)
             s.validate(cap)
+            epoch = self.epoch
             rec = record(prompt, s, cap, self.matrix, self.start_file)
+            if self.epoch != epoch:
+                raise Superseded()  # Reset while the GPU call ran: its recording is dropped
             if rec.error:
                 raise UserError(rec.error)
             self.race, self.replay, self.recorded, self.revealed = None, None, rec.run, 0
@@ -249,7 +262,15 @@ class Session:
         """Free the live race's KV caches (an idle tab); its next step rebuilds them."""
         return self.race is not None and self.race.release_caches()
 
+    def forget(self, lm) -> None:
+        """Drop every reference to model ``lm`` (the hub evicted it): its race and planner go."""
+        if self.race is not None and self.race.decoder.lm is lm:
+            self.race, self.started_with = None, None
+        if self.planner_model is lm:
+            self.planner = self.planner_model = None
+
     def reset(self) -> None:
+        self.epoch += 1  # a step or recording begun before this is dropped when it ends (Superseded)
         self.race, self.started_with, self.message = None, None, "Reset."  # until the next step says more
         self.replay, self.header, self.shown, self.frame, self.picked = None, None, None, 0, None
         self.recorded, self.revealed = None, 0

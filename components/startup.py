@@ -7,6 +7,7 @@ the operator's; nothing a visitor types reaches it.
 """
 from __future__ import annotations
 
+import contextvars
 import hashlib
 import json
 import os
@@ -22,7 +23,7 @@ from tr_core.planner import CostCurve, cost_curve_for
 from tr_core.precision import precision_mode
 
 
-CURVE_FORMAT = 2  # 2: the cache part (per_cache, prefix) is kept too
+CURVE_FORMAT = 3  # 2: the cache part (per_cache, prefix) is kept too; 3: and the fixed cache part
 
 
 def cache_dir() -> Path:
@@ -47,7 +48,8 @@ def load_cached_curve(lm) -> bool:
     try:
         doc = json.loads(curve_path(lm).read_text())
         lm.cost_curve = CostCurve([int(q) for q in doc["lengths"]], [float(s) for s in doc["seconds"]],
-                                  per_cache=float(doc["per_cache"]), prefix=int(doc["prefix"]))
+                                  per_cache=float(doc["per_cache"]), prefix=int(doc["prefix"]),
+                                  per_cache_fixed=float(doc.get("per_cache_fixed", 0.0)))
         return True
     except (OSError, ValueError, KeyError, TypeError):
         return False
@@ -60,7 +62,8 @@ def save_curve(lm) -> None:
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps({"model": lm.name, "device": str(lm.device), "dtype": str(lm.dtype),
                                    "lengths": lm.cost_curve.lengths, "seconds": lm.cost_curve.seconds,
-                                   "per_cache": lm.cost_curve.per_cache, "prefix": lm.cost_curve.prefix}))
+                                   "per_cache": lm.cost_curve.per_cache, "prefix": lm.cost_curve.prefix,
+                                   "per_cache_fixed": lm.cost_curve.per_cache_fixed}))
         tmp.replace(path)
     except OSError:
         pass  # a read-only home: measured again next start
@@ -69,10 +72,11 @@ def save_curve(lm) -> None:
 def with_progress(work, report, every: float = 0.5):
     """Run ``work()`` in a thread, calling ``report(elapsed_seconds)`` until it ends; its result or error."""
     box: dict = {}
+    context = contextvars.copy_context()  # the request's context (spaces.GPU reads it on ZeroGPU)
 
     def target():
         try:
-            box["out"] = work()
+            box["out"] = context.run(work)
         except BaseException as err:  # handed back to the caller's thread
             box["err"] = err
     thread = threading.Thread(target=target, daemon=True)

@@ -68,15 +68,17 @@ def test_bf16_divergences_on_the_embedded_model_are_near_ties(bf16_lm):
     for prompt in BF16_PROMPTS:
         ids = lm.encode_prompt(prompt)
         reference = GreedyDecoder(lm, NEW_TOKENS).generate(ids)
-        dec = TokenRecyclingDecoder(lm, tree="paper-80", lookup=0, max_new_tokens=NEW_TOKENS)
-        div = explain_divergence(lm, ids, reference, dec.generate(ids), forward_tokens=81)
+        # tr-24: 25-token forwards, which round apart from one-token ones as 81-token ones do, at a third of
+        # the cost where the CPU has no packed bfloat16 kernels (AVX2 only)
+        dec = TokenRecyclingDecoder(lm, tree="tr-24", lookup=0, max_new_tokens=NEW_TOKENS)
+        div = explain_divergence(lm, ids, reference, dec.generate(ids), forward_tokens=25)
         if div is not None:
             assert div.cause == NEAR_TIE, f"{prompt!r}: {div}"
             assert 0 <= div.margin <= div.bound
             found.append(div)
     assert found, "no prompt diverged: the classification above was never exercised"
     text = describe(found[0], lm.token_text)
-    assert f"token {found[0].position + 1}" in text and "81-token forward" in text and "float32 mode avoids it" in text
+    assert f"token {found[0].position + 1}" in text and "25-token forward" in text and "float32 mode avoids it" in text
 
 
 def test_bf16_wrong_verifier_is_a_bug(bf16_lm, monkeypatch):

@@ -2,6 +2,8 @@
 import sys
 import types
 
+import pytest
+
 from components.zerogpu import gpu_task
 
 
@@ -113,3 +115,53 @@ def test_the_app_under_a_forking_zerogpu_loads_once_and_steps_runs_and_compares(
 
 def GPU_of(spaces, fn):  # noqa: N802
     return spaces.GPU(fn)
+
+
+def test_a_recorded_run_steps_through_history_teach_frames_run_files_and_reset(tiny_lm, tmp_path):
+    """The ZeroGPU way of stepping, in this process: one recording, then every page control on it."""
+    from components.handlers import Handlers
+    from components.model_hub import ModelHub
+    from components.recorded import Recorder
+    from components.run_files import run_file_for
+    from components.session import Session, Settings, Superseded
+    from tr_core.runs import read_run
+
+    hub = ModelHub(loaded={"tiny": tiny_lm}, default="tiny")
+    calls = []
+
+    def record(*args):
+        calls.append(args[0])
+        return Recorder(hub).record(*args)
+    h = Handlers(hub, cap=64, record=record)
+    sess = Session()
+    s = Settings(model="tiny", tree="auto", k=8, max_new_tokens=30, hot_start=True)
+    for _ in range(3):
+        h.advance(sess, "w3 w4 w5 w3 w4", s)
+    assert calls == ["w3 w4 w5 w3 w4"] and sess.view() is not None and len(sess.view().steps) == 3
+    assert sess.race is None and sess.in_progress and sess.matrix.table.device.type == "cpu"
+    full = len(sess.recorded.steps)
+    assert sess.view().output == sum((st.committed for st in sess.recorded.steps[:3]), [])
+    h.history(2, sess)
+    assert sess.view().clamp(sess.shown) == 2  # the history moves within what was shown
+    sess.frame = 4
+    h.next_frame(None, "w3 w4 w5 w3 w4", "tiny", "auto", 8, 30, True, False, "Token Recycling (TR)", True, sess)
+    assert sess.shown == 3 and sess.frame == 1 and calls == ["w3 w4 w5 w3 w4"]  # the next shown step, no GPU call
+    h.prev_frame(sess)
+    assert (sess.shown, sess.frame) == (2, 4)
+    doc = read_run(open(run_file_for(sess)).read())
+    assert len(doc.steps) == 3  # Save run: what was shown so far
+    assert sess.save_matrix(folder=str(tmp_path)).endswith(".safetensors")
+    while sess.in_progress:
+        h.advance(sess, "w3 w4 w5 w3 w4", s)
+    assert len(sess.view().steps) == full and "Done" in sess.message and calls == ["w3 w4 w5 w3 w4"]
+    assert sess.view().figures(full)["identical"]
+    h.advance(sess, "w3 w4 w5 w3 w4", s)  # Step after the end: a new recording, from the kept matrix
+    assert len(calls) == 2 and sess.revealed == 1
+
+    def reset_meanwhile(*args):  # Reset pressed while the GPU call runs: its recording is dropped
+        sess.reset()
+        return Recorder(hub).record(*args)
+    h.record = reset_meanwhile
+    with pytest.raises(Superseded):
+        h.advance(sess, "w4 w5 w6", s)
+    assert sess.current() is None and sess.message == "Reset."

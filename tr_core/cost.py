@@ -1,6 +1,6 @@
 """What one forward costs: seconds by query length and cache length, re-fitted while decoding.
 
-    cost(q, L) = alpha * s(1)  +  beta * (s(q) - s(1))  +  gamma * q * (L - L0)
+    cost(q, L) = alpha * s(1)  +  beta * (s(q) - s(1))  +  gamma * q * (L - L0)  +  delta * (L - L0)
 
 ``s(q)`` is the shape measured once at load over a cache of ``L0`` tokens (kept as measured, not
 smoothed: on a CPU it is not monotone, kernel choices change with the size, and the planner should
@@ -9,7 +9,11 @@ see exactly where those steps lie).  The three coefficients split a forward into
 * a fixed part (``alpha``): what a one-token forward costs, overheads and weight reads included;
 * a per-token part (``beta``): what every extra query token adds; load on a shared machine takes
   compute from big forwards more than from small ones, so ``beta`` can move apart from ``alpha``;
-* a cache part (``gamma``): attention reads of every cached token, per query token.
+* a cache part (``gamma``): attention reads of every cached token, per query token;
+* a fixed cache part (``delta``, measured, not refitted): what a masked forward pays per cached token
+  whatever its size, e.g. transformers' copy of the cache to every query head of a grouped-query
+  model on CUDA (``repeat_kv``); the part of a 1-token forward's growth with the cache that
+  ``gamma`` does not explain.
 
 A uniform factor on every cost never changes which plan wins; these three can (a dearer extra
 token, or a longer cache, favours a smaller tree).  Every forward seen while decoding is an
@@ -44,6 +48,7 @@ class CostCurve:
     per_cache: float = 0.0  # measured gamma: seconds per query token per cached token beyond ``prefix``
     prefix: int = 128  # L0, the cache length of the measured shape
     decay: float = DECAY
+    per_cache_fixed: float = 0.0  # measured delta: seconds per cached token beyond ``prefix``, any query size
     coef: np.ndarray = field(default=None)  # [alpha, beta, gamma]
     _gram: np.ndarray = field(default=None, repr=False)  # [3, 3] decayed sum of x x^T
     _moment: np.ndarray = field(default=None, repr=False)  # [3] decayed sum of x * seconds
@@ -73,12 +78,16 @@ class CostCurve:
         extra = 0 if cache is None else cache - self.prefix
         return np.array([self.shape(1), self.shape(q) - self.shape(1), q * extra])
 
+    def fixed_cache(self, cache: int | None) -> float:
+        return 0.0 if cache is None else self.per_cache_fixed * (cache - self.prefix)
+
     def __call__(self, q: int, cache: int | None = None) -> float:
-        return max(float(self.features(q, cache) @ self.coef), 1e-9)
+        return max(float(self.features(q, cache) @ self.coef) + self.fixed_cache(cache), 1e-9)
 
     def fresh(self) -> "CostCurve":
         """The measured curve again, with nothing observed since."""
-        return CostCurve(list(self.lengths), list(self.seconds), self.per_cache, self.prefix, self.decay)
+        return CostCurve(list(self.lengths), list(self.seconds), self.per_cache, self.prefix, self.decay,
+                         per_cache_fixed=self.per_cache_fixed)
 
     @property
     def scale(self) -> float:
@@ -88,6 +97,7 @@ class CostCurve:
     def observe(self, q: int, seconds: float, cache: int | None = None) -> None:
         """One forward of ``q`` tokens over ``cache`` cached tokens took ``seconds``: refit."""
         x = self.features(q, cache)
+        seconds = seconds - self.fixed_cache(cache)  # the measured fixed cache part is not refitted
         self._gram = self.decay * self._gram + np.outer(x, x)
         self._moment = self.decay * self._moment + x * seconds
         self.coef = self.refit()
@@ -117,7 +127,10 @@ class CostCurve:
         far = time_forwards(lm, ends, long_prefix, repeats)
         near = {q: base[lengths.index(q)] for q in ends}
         slope = ((far[1] - far[0]) - (near[ends[1]] - near[1])) / ((ends[1] - 1) * (long_prefix - prefix))
-        return cls(list(lengths), base, per_cache=max(slope, 0.0), prefix=prefix)
+        slope = max(slope, 0.0)
+        growth_at_one = (far[0] - near[1]) / (long_prefix - prefix)  # a 1-token masked forward, per cached token
+        return cls(list(lengths), base, per_cache=slope, prefix=prefix,
+                   per_cache_fixed=max(growth_at_one - slope, 0.0))
 
 
 @torch.inference_mode()

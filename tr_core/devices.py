@@ -88,6 +88,14 @@ def pick_device(device: str | None) -> torch.device:
     return normalise_device(dev)
 
 
+def load_straight_to_device() -> bool:
+    """Whether weights may be built straight on their device (``device_map``): where ``accelerate`` is
+    installed and this is not ZeroGPU (there: on the host, then ``.to("cuda")``, as its docs ask)."""
+    import importlib.util
+
+    return importlib.util.find_spec("accelerate") is not None and not on_zero_gpu()
+
+
 def synchronize(device: torch.device) -> None:
     """Wait for the work queued on ``device`` (its own GPU, e.g. ``cuda:1``); nothing on CPU."""
     if device.type == "cuda":
@@ -116,13 +124,16 @@ def release_device_memory(device: torch.device | None = None) -> None:
 
 def oom_message(what: str, dtype, device) -> str:
     """Words for an out-of-memory error: the model, dtype, device and what is free there now."""
-    dev = normalise_device(device)
+    try:
+        dev = normalise_device(device)
+    except (RuntimeError, TypeError):
+        dev = device  # e.g. "auto": said as given
     name = str(dtype).replace("torch.", "")
-    if dev.type == "cuda":
+    if getattr(dev, "type", "cuda") == "cuda":
         try:
             free, total = torch.cuda.mem_get_info(dev)
             room = f"{free / 2**30:.1f} GiB free of {total / 2**30:.1f} GiB"
-        except RuntimeError:
+        except (RuntimeError, AssertionError, ValueError):
             room = "free memory unknown"
     else:
         room = "host memory"

@@ -61,7 +61,9 @@ class AdjacencyMatrix:
     def to(self, device) -> "AdjacencyMatrix":
         """A copy on ``device`` (itself where it is there already): how a hot-start matrix crosses
         between the host and a GPU, e.g. in and out of a ZeroGPU call."""
-        if self.table.device == torch.device(device):
+        from .devices import same_device
+
+        if same_device(self.table.device, device):
             return self
         m = AdjacencyMatrix.__new__(AdjacencyMatrix)
         m.table, m.fingerprint, m.writes = self.table.to(device), self.fingerprint, self.writes

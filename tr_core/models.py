@@ -216,18 +216,19 @@ def load_model(spec: str | None = None, device: str | None = None,
                 choice = devices.pick_dtype(dtype, dev, parameter_count(config), devices.layer_shapes(config))
         tokenizer = AutoTokenizer.from_pretrained(path, **extra)
         if extra:  # a GGUF file: its config comes with its weights, dequantised on the host
-            model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation=attention,
-                                                         **extra)
-            if dev.type == "cuda":
+            decide = dev.type == "cuda" and devices.parse_dtype(dtype) is None  # float32 until the rule has run
+            model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32 if decide else choice.dtype,
+                                                         attn_implementation=attention, **extra)
+            if decide:
                 choice = devices.pick_dtype(dtype, dev, sum(p.numel() for p in model.parameters()),
                                             devices.layer_shapes(model.config))
             model.to(device=dev, dtype=choice.dtype)
-        elif devices.on_zero_gpu():  # ZeroGPU: on the host at start-up, then .to("cuda"), as its docs ask
-            model = AutoModelForCausalLM.from_pretrained(path, dtype=choice.dtype, attn_implementation=attention)
-            model.to(dev)
-        else:  # built straight on the device, never whole in host memory first
+        elif devices.load_straight_to_device():  # built on the device, never whole in host memory first
             model = AutoModelForCausalLM.from_pretrained(path, dtype=choice.dtype, attn_implementation=attention,
                                                          device_map={"": dev})
+        else:  # no accelerate, or ZeroGPU: on the host, then moved
+            model = AutoModelForCausalLM.from_pretrained(path, dtype=choice.dtype, attn_implementation=attention)
+            model.to(dev)
         layout = AttentionLayout.from_config(model.config)
     except UnsupportedArchitecture as err:
         raise ModelLoadError(str(err)) from err

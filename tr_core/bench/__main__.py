@@ -149,8 +149,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     except torch.OutOfMemoryError:
-        print(f"error: {oom_message(args.model or 'the embedded model', args.dtype or 'auto', args.device or 'auto')}",
-              file=sys.stderr)
+        device = lm.device if "lm" in locals() else (args.device or "cuda")
+        print(f"error: {oom_message(args.model or 'the embedded model', args.dtype or 'auto', device)}", file=sys.stderr)
         return 3
     try:
         runs = run_benchmark(lm, prompts, specs, args.max_new_tokens, args.warmup, progress=not args.quiet,

@@ -115,12 +115,16 @@ def check_costs(lm: LoadedModel, lengths, caches, repeats: int, paper_mat: float
     if lm.dtype == torch.float32:
         exact_float32(lm.device)
     curves = {str(c): time_forwards(lm, list(lengths), c, repeats) for c in caches}
-    base = curves[str(caches[0])]
-    lm.cost_curve = CostCurve(list(lengths), base, prefix=caches[0])
+    base, far = curves[str(caches[0])], curves[str(caches[-1])]
+    i1, i16, span = lengths.index(1), lengths.index(16), caches[-1] - caches[0]
+    gamma = max(((far[i16] - far[i1]) - (base[i16] - base[i1])) / (15 * span), 0.0)  # as CostCurve.measure
+    delta = max((far[i1] - base[i1]) / span - gamma, 0.0)
+    lm.cost_curve = CostCurve(list(lengths), base, per_cache=gamma, prefix=caches[0], per_cache_fixed=delta)
     planner = TreePlanner(lm)
     size = planner.tree.size
     ratio = lm.cost_curve(1 + size) / lm.cost_curve(1)
     out = {"dtype": str(lm.dtype).replace("torch.", ""), "lengths": list(lengths), "seconds_by_cache": curves,
+           "per_query_token_per_cached_token": gamma, "per_cached_token_any_size": delta,
            "planner_tree_nodes": size, "planner_expected_tokens": round(planner.expected, 3),
            "planner_cost_ratio": round(ratio, 3),
            "projected_speedup_planner": round(planner.expected / ratio, 3)}
@@ -159,8 +163,18 @@ def check_app(lm: LoadedModel, prompt: str) -> dict:
 
 # ---- the command ----------------------------------------------------------------------------------
 def run_check(model: str | None, device: str | None, shapes: str, prompts: int, tokens: int,
-              dtypes: list[str], app: bool = True, repeats: int = 3, loaded: dict | None = None) -> dict:
-    """The three parts (module doc); ``loaded``: models already in memory by dtype name (tests)."""
+              dtypes: list[str], app: bool = True, repeats: int = 3, loaded: dict | None = None,
+              json_path: str | None = None) -> dict:
+    """The three parts (module doc); ``loaded``: models already in memory by dtype name (tests);
+    ``json_path``: written after each part, so that a part that fails leaves the others."""
+    from transformers import LlamaConfig
+
+    from ..devices import free_memory
+    from ..models import parameter_count
+
+    def save():
+        if json_path:
+            Path(json_path).write_text(json.dumps(report, indent=2))
     dev = pick_device(device)
     started = time.perf_counter()
     report: dict = {"device": str(dev), "machine": describe_machine(dev), "torch": torch.__version__,
@@ -172,23 +186,35 @@ def run_check(model: str | None, device: str | None, shapes: str, prompts: int, 
         report["exactness"][name] = check_exactness(lm, texts, tokens)
         if name == "float32":
             paper_mat, fp32_lm = report["exactness"][name]["tr:paper-80"]["mat"], lm
+        save()
     caches = (256, 2048) if shapes == "7b" else (16, 64)
     lengths = COST_LENGTHS if shapes == "7b" else (1, 2, 4, 8, 16, 32, 81, 96)
-    big = random_model(shapes, dev, torch.float32)
-    params = sum(p.numel() for p in big.model.parameters())
-    rule = pick_dtype("auto", dev, params, layer_shapes(big.model.config))
+    config = LlamaConfig(**SHAPES[shapes])
+    params = parameter_count(config)  # on the meta device: the rule sees the card before the model is on it
+    rule = pick_dtype("auto", dev, params, layer_shapes(config))
     report["exact_mode_rule"] = {"parameters": params, "dtype": str(rule.dtype).replace("torch.", ""),
                                  "reason": rule.reason}
-    report["costs"]["float32"] = check_costs(big, lengths, caches, repeats, paper_mat)
-    big.model.to(torch.bfloat16)
-    report["costs"]["bfloat16"] = check_costs(bare(big.model, big.name, big.layout), lengths, caches, repeats,
-                                              paper_mat)
+    big = random_model(shapes, dev, torch.bfloat16)
+    report["costs"]["bfloat16"] = check_costs(big, lengths, caches, repeats, paper_mat)
+    save()
+    free = free_memory(dev)
+    if dev.type == "cuda" and (free is None or 4 * params > 0.9 * (free + 2 * params)):
+        report["costs"]["float32"] = {"skipped": f"float32 weights ({4 * params / 2**30:.1f} GiB) do not fit"}
+    else:
+        try:
+            big.model.to(torch.float32)
+            report["costs"]["float32"] = check_costs(bare(big.model, big.name, big.layout), lengths, caches,
+                                                     repeats, paper_mat)
+        except torch.OutOfMemoryError:
+            report["costs"]["float32"] = {"skipped": "out of memory in float32"}
     del big
     if dev.type == "cuda":
         torch.cuda.empty_cache()
+    save()
     if app:
         report["app"] = check_app(fp32_lm or load_model(model, str(dev)), texts[0])
     report["seconds"] = round(time.perf_counter() - started, 1)
+    save()
     return report
 
 
@@ -204,6 +230,9 @@ def format_report(r: dict) -> str:
     lines += ["", f"exact-mode rule for {rule.get('parameters', 0) / 1e9:.2f}B parameters: {rule.get('reason')}", "",
               "forward cost (ms) over the first cache length; q = query tokens"]
     for dtype, c in r["costs"].items():
+        if "skipped" in c:
+            lines.append(f"{dtype:<10}skipped: {c['skipped']}")
+            continue
         first = next(iter(c["seconds_by_cache"].values()))
         cells = "  ".join(f"{q}:{s * 1e3:.1f}" for q, s in zip(c["lengths"], first) if q in (1, 8, 16, 32, 81, 96))
         proj = f"; PROJECTED speedup {c['projected_speedup_planner']:.2f}x (planner)"
@@ -230,14 +259,14 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     try:
         report = run_check(args.model, args.device, args.shapes, args.prompts, args.tokens,
-                           [d for d in args.dtypes.split(",") if d], not args.no_app, args.repeats)
+                           [d for d in args.dtypes.split(",") if d], not args.no_app, args.repeats,
+                           json_path=args.json)
     except torch.OutOfMemoryError as err:
         print(f"error: out of memory ({err})", file=sys.stderr)
         return 3
     except Exception as err:  # a model that cannot load, no such device: in words
         print(f"error: {type(err).__name__}: {err}", file=sys.stderr)
         return 2
-    Path(args.json).write_text(json.dumps(report, indent=2))
     print(format_report(report))
     bugs = sum(m["bugs"] for rows in report["exactness"].values() for m in rows.values())
     fp32 = report["exactness"].get("float32", {})

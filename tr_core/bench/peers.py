@@ -20,7 +20,10 @@ def load_untouched(spec: str | None, device: torch.device, dtype: torch.dtype) -
         spec = HUB_FALLBACK  # where load_model took the default model from
     path, extra, name = _source(spec)
     tokenizer = AutoTokenizer.from_pretrained(path, **extra)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **extra).to(device).eval()
+    from ..devices import load_straight_to_device
+
+    direct = {"device_map": {"": device}} if load_straight_to_device() and not extra else {}
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **extra, **direct).to(device).eval()
     return wrap_model(model, tokenizer, name=f"{name} (untouched)")
 
 
