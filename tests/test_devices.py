@@ -71,23 +71,29 @@ def tiny_loader(spec, device, dtype):
     return wrap_model(make_tiny_model(seed=len(spec)), make_tiny_tokenizer(), name=spec)
 
 
+def two_tabs(hub, settings):
+    """The app's handlers on ``hub`` with two live tabs, each one step into a race."""
+    from components.handlers import Handlers
+    from components.session import Session
+
+    h, tabs = Handlers(hub, cap=64), (Session(), Session())
+    h.live.update(enumerate(tabs))
+    for sess in tabs:
+        sess.step(hub, "w3 w4 w5", settings, cap=64)
+    return h, *tabs
+
+
 def test_after_a_model_switch_nothing_holds_the_old_model(monkeypatch):
     """Not the hub, not the tab that switched, not another tab's race: the old model is gone."""
     import gc
     import weakref
 
     import components.model_hub as model_hub
-    from components.handlers import Handlers
-    from components.session import Session, Settings
+    from components.session import Settings
 
     monkeypatch.setattr(model_hub, "check_hub_id", lambda spec: None)
     hub = model_hub.ModelHub(keep=1, default="org/a", loader=tiny_loader)
-    h = Handlers(hub, cap=64)
-    mine, other = Session(), Session()
-    h.live.update(mine=mine, other=other)
-    a = Settings(model="org/a", tree="auto", k=8, max_new_tokens=8, hot_start=True)
-    for sess in (mine, other):
-        sess.step(hub, "w3 w4 w5", a, cap=64)
+    _, mine, other = two_tabs(hub, Settings(model="org/a", tree="auto", k=8, max_new_tokens=8, hot_start=True))
     old = weakref.ref(hub.get("org/a"))
     mine.step(hub, "w3 w4 w5", Settings(model="org/bb", tree="auto", k=8, max_new_tokens=8, hot_start=True), cap=64)
     gc.collect()
@@ -97,17 +103,12 @@ def test_after_a_model_switch_nothing_holds_the_old_model(monkeypatch):
 def test_idle_tabs_give_their_kv_caches_back(tiny_lm):
     import time
 
-    from components.handlers import IDLE_SECONDS, Handlers
+    from components.handlers import IDLE_SECONDS
     from components.model_hub import ModelHub
-    from components.session import Session, Settings
+    from components.session import Settings
 
-    hub = ModelHub(loaded={"tiny": tiny_lm}, default="tiny")
-    h = Handlers(hub, cap=64)
-    idle, busy = Session(), Session()
-    h.live.update(idle=idle, busy=busy)
     s = Settings(model="tiny", tree="tr-8", k=8, max_new_tokens=30, hot_start=True)
-    for sess in (idle, busy):
-        sess.step(hub, "w3 w4 w5", s, cap=64)
+    h, idle, busy = two_tabs(ModelHub(loaded={"tiny": tiny_lm}, default="tiny"), s)
     busy.last_active = idle.last_active + IDLE_SECONDS
     assert h.free_idle(now=idle.last_active + IDLE_SECONDS + 1) == 1
     assert idle.race.decoder.cache is None and busy.race.decoder.cache is not None

@@ -65,20 +65,23 @@ def bf16_lm():
 
 def test_bf16_divergences_on_the_embedded_model_are_near_ties(bf16_lm):
     lm, found = bf16_lm, []
-    for prompt in BF16_PROMPTS:
-        ids = lm.encode_prompt(prompt)
-        reference = GreedyDecoder(lm, NEW_TOKENS).generate(ids)
-        # tr-24: 25-token forwards, which round apart from one-token ones as 81-token ones do, at a third of
-        # the cost where the CPU has no packed bfloat16 kernels (AVX2 only)
-        dec = TokenRecyclingDecoder(lm, tree="tr-24", lookup=0, max_new_tokens=NEW_TOKENS)
-        div = explain_divergence(lm, ids, reference, dec.generate(ids), forward_tokens=25)
-        if div is not None:
-            assert div.cause == NEAR_TIE, f"{prompt!r}: {div}"
-            assert 0 <= div.margin <= div.bound
-            found.append(div)
+    # Where forwards round apart depends on the CPU's kernels: tr-24's 25-token forwards first (a third of
+    # paper-80's cost where there are no packed bfloat16 kernels, on AVX2-only CPUs), paper-80 if they do not
+    for tree, size in (("tr-24", 25), ("paper-80", 81)):
+        for prompt in BF16_PROMPTS:
+            ids = lm.encode_prompt(prompt)
+            reference = GreedyDecoder(lm, NEW_TOKENS).generate(ids)
+            dec = TokenRecyclingDecoder(lm, tree=tree, lookup=0, max_new_tokens=NEW_TOKENS)
+            div = explain_divergence(lm, ids, reference, dec.generate(ids), forward_tokens=size)
+            if div is not None:
+                assert div.cause == NEAR_TIE, f"{prompt!r}: {div}"
+                assert 0 <= div.margin <= div.bound
+                found.append(div)
+        if found:
+            break
     assert found, "no prompt diverged: the classification above was never exercised"
     text = describe(found[0], lm.token_text)
-    assert f"token {found[0].position + 1}" in text and "25-token forward" in text and "float32 mode avoids it" in text
+    assert f"token {found[0].position + 1}" in text and f"{size}-token forward" in text and "float32 mode avoids it" in text
 
 
 def test_bf16_wrong_verifier_is_a_bug(bf16_lm, monkeypatch):
