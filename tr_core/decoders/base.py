@@ -24,7 +24,7 @@ class DecodeError(ValueError):
 
 class PhaseClock:
     """Seconds per named phase.  On a CUDA device each phase is bracketed by CUDA events on the
-    model's own device (no host synchronisation inside a step); ``seconds`` waits once for the
+    model's own device (no synchronisation added by the clock itself); ``seconds`` waits once for the
     last event and reads them all.  On CPU, plain wall-clock time."""
 
     def __init__(self, device: torch.device):
