@@ -10,7 +10,6 @@ from pathlib import Path
 
 from tr_core import AdjacencyMatrix, GreedyDecoder, MatrixFileError, TokenRecyclingDecoder
 from tr_core.decoders import DecodeError, ProgressiveTreeDecoder
-from tr_core.devices import same_device
 from tr_core.models import LoadedModel, ModelLoadError
 from tr_core.planner import TreePlanner
 from tr_core.ptd import PTDConfig
@@ -23,6 +22,7 @@ from tr_core.race import Race
 from .run_view import RunView
 
 MAX_PROMPT_CHARS = 20_000
+DONE = "Done: end of text or token budget reached."
 METHODS = {"Token Recycling (TR)": "tr", "Progressive Tree Drafting (PTD)": "ptd"}
 # Where the planner finds PTD's draft nodes do not pay (a CPU), the page still carries this many, so
 # that its draft tree can be watched growing; the benchmark's ``ptd`` lets the planner drop them.
@@ -111,12 +111,12 @@ class Session:
     # ---- lifecycle -------------------------------------------------------------------------
     def matrix_for(self, lm: LoadedModel, k: int, hot_start: bool) -> AdjacencyMatrix:
         m = self.matrix
-        if m is not None and m.fingerprint == lm.fingerprint and m.k == k and not same_device(m.table.device, lm.device):
-            m = m.to(lm.device)  # e.g. from the host into a ZeroGPU call
         if m is None or m.fingerprint != lm.fingerprint or m.k != k:
             m = self.fresh_matrix(lm, k)
-        elif not hot_start:
-            m.reset()
+        else:
+            m = m.to(lm.device)  # itself on the model's device; else its copy there (e.g. into a ZeroGPU call)
+            if not hot_start:
+                m.reset()
         self.matrix = m
         return m
 
@@ -193,7 +193,7 @@ class Session:
             race.release_caches()  # a finished race never steps again: its KV caches go at once
         if race is self.race:
             self.shown, self.picked = None, None
-            self.message = self.notice + ("Done: end of text or token budget reached." if race.done else "")
+            self.message = self.notice + (DONE if race.done else "")
             self.notice = ""
         return race
 
@@ -220,7 +220,7 @@ class Session:
     def show_next(self) -> None:
         self.revealed = min(self.revealed + 1, len(self.recorded.steps))
         self.shown, self.picked = None, None
-        self.message = self.notice + ("" if self.in_progress else "Done: end of text or token budget reached.")
+        self.message = self.notice + ("" if self.in_progress else DONE)
         self.notice = ""
 
     # ---- either kind of run ---------------------------------------------------------------

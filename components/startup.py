@@ -18,9 +18,8 @@ from pathlib import Path
 
 import torch
 
-from tr_core.devices import describe_machine
+from tr_core.devices import describe_machine, precision_words
 from tr_core.planner import CostCurve, cost_curve_for
-from tr_core.precision import precision_mode
 
 
 CURVE_FORMAT = 3  # 2: the cache part (per_cache, prefix) is kept too; 3: and the fixed cache part
@@ -104,7 +103,7 @@ def warm_up(hub, progress, curve_on_gpu=None) -> str:
         save_curve(lm)
         how = "cost curve measured and cached"
     why = f"; {lm.dtype_reason}" if lm.dtype_reason and not lm.dtype_reason.startswith("float32: the default") else ""
-    return (f"Ready: {lm.name} on {describe_device(lm)} ({precision_mode(lm.dtype)}{why}; prompts through the "
+    return (f"Ready: {lm.name} on {describe_device(lm)} ({precision_words(lm.dtype)}{why}; prompts through the "
             f"{lm.template}; {how}).")
 
 

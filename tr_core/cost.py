@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from .models import synchronize
+from .devices import synchronize
 from .trees import TreeTensors
 
 COST_LENGTHS = tuple(range(1, 17)) + (20, 24, 32, 48, 64, 81, 96)
@@ -125,12 +125,22 @@ class CostCurve:
         base = time_forwards(lm, lengths, prefix, repeats)
         ends = (1, min(16, max(lengths)))
         far = time_forwards(lm, ends, long_prefix, repeats)
-        near = {q: base[lengths.index(q)] for q in ends}
-        slope = ((far[1] - far[0]) - (near[ends[1]] - near[1])) / ((ends[1] - 1) * (long_prefix - prefix))
-        slope = max(slope, 0.0)
-        growth_at_one = (far[0] - near[1]) / (long_prefix - prefix)  # a 1-token masked forward, per cached token
-        return cls(list(lengths), base, per_cache=slope, prefix=prefix,
-                   per_cache_fixed=max(growth_at_one - slope, 0.0))
+        return cls.from_two_caches(lengths, base, prefix, dict(zip(ends, far)), long_prefix)
+
+    @classmethod
+    def from_two_caches(cls, lengths, near: list[float], prefix: int, far: dict[int, float],
+                        long_prefix: int) -> "CostCurve":
+        """The curve ``near`` (seconds by ``lengths`` over ``prefix`` cached tokens), with its cache parts
+        from 1 and 16 query tokens timed over ``prefix`` and over ``long_prefix`` (``far``: seconds by q):
+        ``gamma`` from how much more the 16-token forward grows than the 1-token one, ``delta`` from the
+        1-token forward's growth that ``gamma`` does not explain."""
+        lengths = list(lengths)
+        q = min(16, max(lengths))
+        at = {n: near[lengths.index(n)] for n in (1, q)}
+        span = long_prefix - prefix
+        gamma = max(((far[q] - far[1]) - (at[q] - at[1])) / ((q - 1) * span), 0.0)
+        delta = max((far[1] - at[1]) / span - gamma, 0.0)  # a 1-token masked forward, per cached token
+        return cls(lengths, list(near), per_cache=gamma, prefix=prefix, per_cache_fixed=delta)
 
 
 @torch.inference_mode()

@@ -17,7 +17,7 @@ import torch
 from .attention import register as register_attention
 from .layout import AttentionLayout, UnsupportedArchitecture, attention_implementation, new_cache
 from . import devices
-from .devices import exact_float32, free_memory, synchronize  # noqa: F401  (re-exported)
+from .devices import exact_float32
 from .prepack import prepack_available, prepack_linears
 from .templates import PLAIN, encode_turns, pick_template
 

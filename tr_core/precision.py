@@ -61,13 +61,6 @@ class Divergence:
         return asdict(self)
 
 
-def precision_mode(dtype: torch.dtype) -> str:
-    """The promise a dtype makes and its price, in words for a status line (``tr_core.devices``)."""
-    from .devices import precision_words
-
-    return precision_words(dtype)
-
-
 def first_difference(a: list[int], b: list[int]) -> int | None:
     """The first index where ``a`` and ``b`` differ (one ending early counts); None if equal."""
     for i, (x, y) in enumerate(zip(a, b)):

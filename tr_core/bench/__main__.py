@@ -131,6 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     overlap = calibration_overlap(args.prompts, offset, args.limit, args.no_group)
     if overlap:
         print(f"WARNING: {overlap}", file=sys.stderr)
+    lm = None
     try:
         prompts = load_prompts(args.prompts, args.limit, group=not args.no_group, offset=offset)
         if not prompts:
@@ -149,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     except torch.OutOfMemoryError:
-        device = lm.device if "lm" in locals() else (args.device or "cuda")
+        device = lm.device if lm is not None else (args.device or "cuda")
         print(f"error: {oom_message(args.model or 'the embedded model', args.dtype or 'auto', device)}", file=sys.stderr)
         return 3
     try:

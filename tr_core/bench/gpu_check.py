@@ -115,16 +115,14 @@ def check_costs(lm: LoadedModel, lengths, caches, repeats: int, paper_mat: float
     if lm.dtype == torch.float32:
         exact_float32(lm.device)
     curves = {str(c): time_forwards(lm, list(lengths), c, repeats) for c in caches}
-    base, far = curves[str(caches[0])], curves[str(caches[-1])]
-    i1, i16, span = lengths.index(1), lengths.index(16), caches[-1] - caches[0]
-    gamma = max(((far[i16] - far[i1]) - (base[i16] - base[i1])) / (15 * span), 0.0)  # as CostCurve.measure
-    delta = max((far[i1] - base[i1]) / span - gamma, 0.0)
-    lm.cost_curve = CostCurve(list(lengths), base, per_cache=gamma, prefix=caches[0], per_cache_fixed=delta)
+    far = dict(zip(lengths, curves[str(caches[-1])]))
+    lm.cost_curve = CostCurve.from_two_caches(lengths, curves[str(caches[0])], caches[0], far, caches[-1])
     planner = TreePlanner(lm)
     size = planner.tree.size
     ratio = lm.cost_curve(1 + size) / lm.cost_curve(1)
     out = {"dtype": str(lm.dtype).replace("torch.", ""), "lengths": list(lengths), "seconds_by_cache": curves,
-           "per_query_token_per_cached_token": gamma, "per_cached_token_any_size": delta,
+           "per_query_token_per_cached_token": lm.cost_curve.per_cache,
+           "per_cached_token_any_size": lm.cost_curve.per_cache_fixed,
            "planner_tree_nodes": size, "planner_expected_tokens": round(planner.expected, 3),
            "planner_cost_ratio": round(ratio, 3),
            "projected_speedup_planner": round(planner.expected / ratio, 3)}

@@ -11,7 +11,8 @@ from ..decoders import GreedyDecoder, ProgressiveTreeDecoder, PromptLookupDecode
 from ..decoders.base import Decoder
 from ..matrix import AdjacencyMatrix
 from ..cost import cost_curve_for
-from ..models import LoadedModel, synchronize
+from ..devices import synchronize
+from ..models import LoadedModel
 from ..planner import TreePlanner
 from ..precision import explain_divergence, first_difference
 from ..ptd import PTDConfig, PTDPlanner
