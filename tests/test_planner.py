@@ -197,3 +197,11 @@ def test_each_planner_refits_its_own_cost_curve_and_a_new_text_starts_cold(tiny_
     assert a.hot
     a.begin_text()
     assert not a.hot and a.idle == 0
+
+
+def test_the_fixed_cache_part_counts_beyond_the_measured_prefix_only():
+    """A per-cached-token part measured between 128 and 512 cached tokens is charged for longer caches;
+    a short cache is not made cheaper than the measured shape (which would make trees look dear)."""
+    c = CostCurve([1, 2, 4], [1e-3, 1.1e-3, 1.2e-3], prefix=128, per_cache_fixed=8e-6)
+    assert c(1, 628) == pytest.approx(1e-3 + 500 * 8e-6) and c(4, 628) == pytest.approx(1.2e-3 + 500 * 8e-6)
+    assert c(1, 8) == pytest.approx(1e-3) and c(4, 8) / c(1, 8) == pytest.approx(1.2)

@@ -79,7 +79,10 @@ class CostCurve:
         return np.array([self.shape(1), self.shape(q) - self.shape(1), q * extra])
 
     def fixed_cache(self, cache: int | None) -> float:
-        return 0.0 if cache is None else self.per_cache_fixed * (cache - self.prefix)
+        """``delta * (L - L0)``, counted beyond the measured prefix only: below it the measured shape
+        already holds the copy, and a negative part would make one-token forwards over short caches
+        look nearly free (and every tree dear)."""
+        return 0.0 if cache is None else self.per_cache_fixed * max(cache - self.prefix, 0)
 
     def __call__(self, q: int, cache: int | None = None) -> float:
         return max(float(self.features(q, cache) @ self.coef) + self.fixed_cache(cache), 1e-9)
