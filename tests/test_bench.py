@@ -129,7 +129,7 @@ def test_bench_command_writes_json_csv_and_chart(tmp_path, tiny_lm, capsys):
     assert methods["greedy"]["mat"] == 1.0 and summary["aa"]["pair"] == ["greedy-aa", "greedy"]
     lo, hi = methods["tr:tr-16"]["speedup_ci"]
     assert lo <= methods["tr:tr-16"]["speedup"] <= hi
-    assert methods["tr:tr-16"]["mean_forward_tokens"] == 17.0
+    assert 1.0 <= methods["tr:tr-16"]["mean_forward_tokens"] < 17.0  # blank drafts get no forward tokens
     assert summary["meta"]["trees"]["tr:tr-16"] == "tr-16 (16 nodes)"
     trees = summary["meta"]["trees"]
     assert summary["meta"]["peers"] == "untouched" and "untouched" in trees["hf-greedy"] and "untouched" in trees["hf-pld"]
@@ -237,7 +237,8 @@ def test_lookup_prior_is_replayed_from_known_outputs():
     few = lookup_acceptance([prompt] * (n - 1), [out] * (n - 1), span=12)
     assert few["1"]["cold"] == [None] * 12  # too few observations: no prior (the geometric one holds)
     copy = lookup_acceptance([prompt + prompt] * n, [prompt + prompt] * n, span=4)  # copying throughout
-    assert all(r > 0.9 for r in copy["3"]["hot"])  # after a run of 4, the next continuation is hot
+    assert all(r > 0.9 for r in copy["16"]["hot"])  # after a run of 4, the next continuation is hot
+    assert all(r > 0.9 for r in copy["8"]["cold"])  # matched over 8+ tokens: a copy, trusted cold too
 
 
 def test_zero_priors_are_floored_so_nothing_is_shut_for_good():
@@ -276,7 +277,7 @@ def test_calibrate_command_writes_priors_presets_and_where_they_came_from(tmp_pa
                       "--model", str(folder), "--write", "--presets", str(presets)]) == 0
     data = json.loads((presets / "paper-80.json").read_text())
     assert data["calibration"]["offset"] == 1 and data["calibration"]["prompt_count"] == 3  # ids 2, 4, 5
-    assert len(data["acceptance"]) == 80 and set(data["lookup_acceptance"]) == {"1", "2", "3"}
+    assert len(data["acceptance"]) == 80 and set(data["lookup_acceptance"]) == {"1", "2", "3", "4", "8", "16"}
     tr8 = json.loads((presets / "tr-8.json").read_text())
     assert len(tr8["nodes"]) == 8 and "--offset 1" in tr8["calibration"]["command"]
     TreeShape.from_paths(tr8["nodes"])  # a valid tree: every parent is in

@@ -39,12 +39,16 @@ def test_tr_step_record_is_consistent(tiny_lm):
     tree = load_tree("tr-16")
     dec = TokenRecyclingDecoder(tiny_lm, tree=tree, max_new_tokens=30, lookup=0)
     dec.start(PROMPTS[0])
-    root = PROMPTS[0][-1]
+    root, blanks = PROMPTS[0][-1], 0
     while not dec.done:
         step = dec.step()
         t = step.tree
-        assert t.tokens[0] == root and t.parents == list(tree.parents) and len(t.tokens) == tree.size + 1
-        assert step.forward_tokens == tree.size + 1
+        assert t.tokens[0] == root and len(t.tokens) == tree.size + 1 - step.blank_drafts
+        assert step.forward_tokens == len(t.tokens) and all(p < i for i, p in enumerate(t.parents[1:], 1))
+        # no node was drafted from a row never written: every parent's row held a prediction before
+        before = {r.token: r.old for r in step.rows_written}
+        assert all(any(before[t.tokens[p]]) for p in t.parents[1:])
+        blanks += step.blank_drafts
         path = step.accepted_path
         assert path[0] == 0 and all(t.parents[b] == a for a, b in zip(path, path[1:]))
         # every accepted draft equals the model's choice at its parent
@@ -61,6 +65,7 @@ def test_tr_step_record_is_consistent(tiny_lm):
         root = step.committed[-1]
         step.to_dict()  # serialisable
     assert sum(len(s.committed) for s in dec.steps) == len(dec.output) == 30
+    assert blanks > 0 and dec.steps[0].blank_drafts > 0  # a fresh matrix: the first trees had blank rows
 
 
 def test_cache_holds_all_committed_but_the_last(tiny_lm):
@@ -116,10 +121,13 @@ def test_hot_start_matrix_carries_over(tiny_lm):
     warm = TokenRecyclingDecoder(tiny_lm, tree="tr-16", matrix=matrix, max_new_tokens=5, lookup=0)
     warm.start([root])
     tree = load_tree("tr-16")
-    assert warm.step().tree.tokens == slow_retrieve(snapshot, root, tree.paths)
+    step = warm.step()
+    assert step.tree.tokens == slow_retrieve(snapshot, root, tree.paths, skip_blank=True)
+    assert step.blank_drafts == len(slow_retrieve(snapshot, root, tree.paths)) - len(step.tree.tokens)
     cold = TokenRecyclingDecoder(tiny_lm, tree="tr-16", max_new_tokens=5, lookup=0)
     cold.start([root])
-    assert cold.step().tree.tokens == [root] + [0] * tree.size
+    step = cold.step()  # a fresh matrix drafts nothing: every node would come from a blank row
+    assert step.tree.tokens == [root] and step.forward_tokens == 1 and step.blank_drafts == tree.size
     matrix.reset()
     assert not matrix.table.any() and matrix.writes == 0
 
@@ -142,9 +150,10 @@ def test_lookup_branch_is_grafted_and_traced(tiny_lm):
         assert len(t.tokens) == len(t.parents) == len(t.depths) == len(t.sources) == step.forward_tokens
         if extra:
             grafted_steps += 1
-            assert extra == list(range(tree.size + 1, len(t.tokens)))  # appended after the matrix nodes
+            drafted = tree.size + 1 - step.blank_drafts  # root and matrix nodes
+            assert extra == list(range(drafted, len(t.tokens)))  # appended after the matrix nodes
             first = extra[0]
-            assert t.parents[first] <= tree.size  # hangs under the root or a matrix node
+            assert t.parents[first] < drafted  # hangs under the root or a matrix node
             assert all(t.parents[b] == a and t.depths[b] == t.depths[a] + 1 for a, b in zip(extra, extra[1:]))
             assert "lookup" in step.timings
         path = step.accepted_path

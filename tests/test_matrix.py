@@ -5,14 +5,17 @@ from tr_core.matrix import AdjacencyMatrix, MatrixFileError
 from tr_core.trees import load_tree
 
 
-def slow_retrieve(table: torch.Tensor, root: int, paths) -> list[int]:
-    """The definition: node [a, b, c] = M[M[M[root][a]][b]][c], one path at a time."""
+def slow_retrieve(table: torch.Tensor, root: int, paths, skip_blank: bool = False) -> list[int]:
+    """The definition: node [a, b, c] = M[M[M[root][a]][b]][c], one path at a time; ``skip_blank``:
+    leave out the nodes whose walk reads a row never written (all zeros)."""
     out = [root]
     for path in paths:
-        t = root
+        t, blank = root, False
         for rank in path:
+            blank |= not bool(table[t].any())
             t = int(table[t, rank])
-        out.append(t)
+        if not (skip_blank and blank):
+            out.append(t)
     return out
 
 

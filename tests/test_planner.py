@@ -43,8 +43,21 @@ def test_statistics_shrink_towards_the_prior_and_move_with_evidence():
     assert stats.estimate((0,)) == 0.5 and stats.estimate((1,)) == RATE_FLOOR  # no prior: the floor, never 0
     for _ in range(30):
         stats.record(UNIVERSE, [(1,)])
-    assert stats.estimate((1,)) == pytest.approx((30 + 10 * RATE_FLOOR) / 40)
-    assert stats.estimate((0,)) == pytest.approx(5 / 40)
+    level = stats.level  # 30 hits where the prior expected 15: the text's drafts do better than the prior
+    assert level == pytest.approx((30 + 2) / (30 * (0.5 + 2 * RATE_FLOOR) + 2))  # 3 nodes, 2 at the floor
+    assert stats.estimate((1,)) == pytest.approx((30 + 10 * RATE_FLOOR) / 40)  # no prior: the floor
+    assert stats.estimate((0,)) == pytest.approx(10 * 0.5 * level / 40)
+
+
+def test_a_text_whose_drafts_miss_lowers_the_estimate_of_nodes_not_yet_tried():
+    stats = AcceptanceStats(UNIVERSE, {(0,): 0.5, (1,): 0.4, (0, 0): 0.3}, weight=4, decay=0.97)
+    for _ in range(12):
+        stats.record([(0,)], [])  # only (0,) drafted, never accepted
+    assert stats.level < 0.3
+    assert stats.estimate((1,)) < 0.3 * 0.4  # never tried, but this text is one where drafts miss
+    for _ in range(12):
+        stats.record([(0,)], [(0,)])  # then it hits every time
+    assert stats.level > 1.0 and stats.estimate((1,)) > 0.4
 
 
 def test_old_evidence_fades_back_to_the_prior():
@@ -205,3 +218,63 @@ def test_the_fixed_cache_part_counts_beyond_the_measured_prefix_only():
     c = CostCurve([1, 2, 4], [1e-3, 1.1e-3, 1.2e-3], prefix=128, per_cache_fixed=8e-6)
     assert c(1, 628) == pytest.approx(1e-3 + 500 * 8e-6) and c(4, 628) == pytest.approx(1.2e-3 + 500 * 8e-6)
     assert c(1, 8) == pytest.approx(1e-3) and c(4, 8) / c(1, 8) == pytest.approx(1.2)
+
+
+# Two CPUs' cost curves (seconds of a forward by query tokens): one where extra tokens are dear (an
+# AVX2 machine measured in issue 22: 8 tokens cost 1.44x one), one where they are nearly free.
+STEEP = CostCurve([1, 2, 4, 6, 8, 16, 32, 81], [0.059, 0.065, 0.066, 0.075, 0.085, 0.095, 0.131, 0.237])
+FLAT = CostCurve([1, 2, 4, 8, 16, 32, 81], [0.040, 0.041, 0.041, 0.042, 0.044, 0.047, 0.060])
+
+
+def test_each_cost_curve_gets_its_own_tree_and_it_beats_the_other_curves_choice_there():
+    from tr_core.trees import tree_prior
+
+    universe, prior = load_tree("paper-80"), tree_prior("paper-80")
+    estimate = lambda p: max(prior.get(p, 0.0), RATE_FLOOR)  # noqa: E731
+    plans = {name: plan_tree(universe, estimate, curve) for name, curve in (("steep", STEEP), ("flat", FLAT))}
+    steep_tree, flat_tree = plans["steep"][0], plans["flat"][0]
+    assert 0 < steep_tree.size < flat_tree.size
+
+    def throughput(tree, curve):
+        return (1 + sum(estimate(p) for p in tree.paths)) / curve(1 + tree.size)
+
+    assert throughput(steep_tree, STEEP) > throughput(flat_tree, STEEP)
+    assert throughput(flat_tree, FLAT) > throughput(steep_tree, FLAT)
+
+
+def test_host_work_per_token_is_learnt_and_shrinks_the_tree():
+    from tr_core.cost import HostCost
+
+    host = HostCost()
+    assert host(1) == 0.0  # nothing observed: nothing assumed
+    for q in (1, 9, 1, 9, 1, 9, 1, 9, 1, 9):
+        host.observe(q, 0.002 + 0.001 * q)
+    assert host(1) == pytest.approx(0.003, rel=0.1) and host(9) == pytest.approx(0.011, rel=0.1)
+    fixed = HostCost()
+    for _ in range(10):
+        fixed.observe(9, 0.011)  # one size only: counted as fixed work, not per token
+    assert fixed(1) == pytest.approx(fixed(9), rel=0.2)
+    estimate = lambda p: 0.7 ** (len(p) + 2 * sum(p))  # noqa: E731
+    universe = load_tree("paper-80")
+    bare = plan_tree(universe, estimate, LINEAR)[0].size
+    dear_host = plan_tree(universe, estimate, lambda q: LINEAR(q) + 0.02 * q)[0].size
+    assert dear_host < bare
+
+
+def test_a_planner_on_text_its_drafts_miss_falls_back_to_no_tree_within_a_few_steps(tiny_lm):
+    """Chat-like text: nothing drafted is accepted.  The plan must shrink to no tree quickly and
+    stay small, whatever the prior said."""
+    from tr_core.planner import TreePlanner
+
+    dear = CostCurve([1, 2, 4, 8, 16], [1.0, 1.08, 1.24, 1.56, 2.2])  # 8% a token
+    planner = TreePlanner(tiny_lm)
+    planner.cost = dear
+    planner.reset()
+    assert planner.tree.size > 0  # the prior expects drafts to hit
+    sizes = []
+    for _ in range(40):
+        planner.record(planner.tree, [], 1 + planner.tree.size, dear(1 + planner.tree.size), 128)
+        planner.record_host(1 + planner.tree.size, 0.002)
+        sizes.append(planner.tree.size)
+    assert sizes[15] == 0  # within 16 steps
+    assert sum(s == 0 for s in sizes[16:]) >= 16  # then mostly no tree, bar the exploring plans

@@ -146,6 +146,32 @@ class CostCurve:
         return cls(lengths, list(near), per_cache=gamma, prefix=prefix, per_cache_fixed=delta)
 
 
+@dataclass
+class HostCost:
+    """What a step spends besides its forward, in seconds: ``a + b * q`` for ``q`` query tokens
+    (drafting, lookup, masks, verification, the matrix update, pruning the cache, Python).
+
+    Refitted from every step by exponentially weighted least squares (``decay`` per step), shrunk
+    towards ``b = 0``: while the tree keeps one size the per-token part cannot be told from the fixed
+    part, and a step's host work is then counted as fixed.  Nothing observed: 0."""
+
+    decay: float = 0.95
+    coef: np.ndarray = field(default_factory=lambda: np.zeros(2))  # [a, b]
+    _gram: np.ndarray = field(default_factory=lambda: np.zeros((2, 2)), repr=False)
+    _moment: np.ndarray = field(default_factory=lambda: np.zeros(2), repr=False)
+
+    RIDGE = (1e-6, 4.0)  # prior weights on a = 0 (just enough to solve) and b = 0 (as four steps)
+
+    def observe(self, q: int, seconds: float) -> None:
+        x = np.array([1.0, float(q)])
+        self._gram = self.decay * self._gram + np.outer(x, x)
+        self._moment = self.decay * self._moment + x * max(seconds, 0.0)
+        self.coef = np.maximum(np.linalg.solve(self._gram + np.diag(self.RIDGE), self._moment), 0.0)
+
+    def __call__(self, q: int) -> float:
+        return float(self.coef[0] + self.coef[1] * q)
+
+
 @torch.inference_mode()
 def time_forwards(lm, lengths, prefix: int, repeats: int) -> list[float]:
     """Median seconds of one forward of each of ``lengths`` query tokens (a chain, with an explicit

@@ -5,6 +5,7 @@ take the first match whose continuation is non-empty, return up to ``max_draft``
 """
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 
@@ -25,6 +26,42 @@ def lookup_with_ngram(context: torch.Tensor, max_draft: int = 10, max_ngram: int
             start = int(hits[0]) + n
             return context[start:start + max_draft].tolist(), n
     return [], 0
+
+
+MATCH_BUCKETS = (1, 2, 3, 4, 8, 16)  # matched suffix lengths the planner keeps statistics for
+
+
+def match_bucket(n: int) -> int:
+    """The statistics key of a suffix match of ``n`` tokens: the largest of ``MATCH_BUCKETS`` <= n."""
+    return max((b for b in MATCH_BUCKETS if b <= n), default=0)
+
+
+def lookup_longest(context: torch.Tensor, max_draft: int = 10, max_match: int = 32) -> tuple[list[int], int]:
+    """Retrieval over the whole context: the earlier place whose preceding tokens agree longest
+    with the context's end (a suffix match, up to ``max_match`` tokens; ties: the most recent place),
+    and up to ``max_draft`` tokens that followed it there.
+
+    ``context [L]`` (CPU long).  Returns the continuation and the match length (0: the last token
+    occurs nowhere before).  Longer than a 3-gram lookup's match, it tells a copy (a quoted
+    sentence, a repeated code line) from a common word, and the planner trusts it accordingly.
+    """
+    c = context.numpy()
+    end = c.shape[0] - 1
+    if end < 1:
+        return [], 0
+    places = np.flatnonzero(c[:end] == c[end])  # j: c[j] == the last token, j < end
+    if places.size == 0:
+        return [], 0
+    length = 1
+    while length < max_match:
+        back = places - length
+        ok = back >= 0
+        ok[ok] = c[back[ok]] == c[end - length]
+        if not ok.any():
+            break
+        places, length = places[ok], length + 1
+    start = int(places[-1]) + 1  # the most recent of the longest matches
+    return c[start:start + max_draft].tolist(), length
 
 
 def graft_point(tokens: list[int], children: list[list[int]], chain: list[int]) -> tuple[int, list[int]]:

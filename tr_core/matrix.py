@@ -90,16 +90,33 @@ class AdjacencyMatrix:
             return torch.zeros(tokens.shape, dtype=torch.bool, device=tokens.device)
         return (self.table[tokens] == 0).all(-1)
 
+    def blank_drafts(self, tokens: torch.Tensor, tree: TreeTensors) -> torch.Tensor:
+        """``[q] bool``: the nodes of a retrieved tree (``tokens [q]``) drafted from a row never written,
+        or below one.  Their tokens are the row's zeros, not predictions, so they get no forward
+        tokens (the caller drops them with ``TreeTensors.select``)."""
+        blank = torch.zeros(tokens.shape, dtype=torch.bool, device=tokens.device)
+        blank[1:] = self.empty_rows(tokens[tree.parents[1:]])
+        return (tree.ancestors & blank[None, :]).any(1)
+
     # ---- phase 4: recycle --------------------------------------------------------------
-    def recycle(self, tokens: torch.Tensor, logits: torch.Tensor, keep_old: bool = True) -> RowsWritten:
+    def recycle(self, tokens: torch.Tensor, logits: torch.Tensor, keep_old: bool = True,
+                priority: torch.Tensor | None = None) -> RowsWritten:
         """``M[tokens[i]] = topk(logits[i], k)`` for every input ``i``; ``tokens [m]``, ``logits [m, vocab]``.
 
-        When a token occurs several times, its last occurrence wins (the paper's rule).
+        When a token occurs several times, its last occurrence wins (the paper's rule); with
+        ``priority [m]`` (long), the occurrence of highest priority wins, and the last among equals:
+        e.g. the accepted path's nodes, whose logits saw the text as it really is, over the rejected
+        branches'.
         """
+        order = None
+        if priority is not None:
+            order = torch.sort(priority, stable=True).indices  # [m]: lowest priority first, so written first
+            tokens = tokens[order]
         later_twin = (tokens[:, None] == tokens[None, :]).triu(1).any(1)  # [m]
         keep = (~later_twin).nonzero().squeeze(1)
         rows = tokens[keep]
-        new = logits[keep].topk(self.k, dim=-1).indices.to(torch.int32)
+        source = keep if order is None else order[keep]
+        new = logits[source].topk(self.k, dim=-1).indices.to(torch.int32)
         old = self.table[rows].clone() if keep_old else new[:0]
         self.table[rows] = new
         self.writes += int(rows.shape[0])

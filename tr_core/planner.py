@@ -16,7 +16,7 @@ from __future__ import annotations
 import heapq
 from dataclasses import dataclass, field
 
-from .cost import COST_LENGTHS, CostCurve, cost_curve_for  # noqa: F401  (re-exported)
+from .cost import COST_LENGTHS, CostCurve, HostCost, cost_curve_for  # noqa: F401  (re-exported)
 from .trees import TreeShape, load_tree, preset_data, tree_prior
 
 UNIFORM_RATE = 0.1  # the "no priors" ablation: every node of the universe starts at this rate
@@ -55,19 +55,37 @@ class AcceptanceStats(DecayedRates):
 
     universe: TreeShape
     prior: dict[tuple[int, ...], float]
-    weight: float = 16.0  # the prior counts as this many trials
+    weight: float = 4.0  # the prior counts as this many trials: evidence outweighs it within a few steps
     decay: float = 0.97  # per step: recent steps weigh most, so the plan follows the current text
     trials: dict[tuple[int, ...], float] = field(default_factory=dict)
     hits: dict[tuple[int, ...], float] = field(default_factory=dict)
+    level_hits: float = 0.0  # faded: drafts accepted ...
+    level_expected: float = 0.0  # ... and how many the prior expected of the same nodes
 
-    def record(self, used: TreeShape, accepted: list[tuple[int, ...]]) -> None:
-        """One step: every node of ``used`` was a trial.  Older counts fade by ``decay``, so the
-        estimates follow the text at hand and drift back to the prior for nodes no longer drafted
-        (which are then tried again: a cold start cannot shut the tree for good)."""
-        self.count(used.paths, accepted)
+    LEVEL_PSEUDO = 2.0  # expected accepted drafts the level starts from (level 1: the prior as is)
+
+    def record(self, used, accepted: list[tuple[int, ...]]) -> None:
+        """One step: every node of ``used`` (a shape, or the rank paths drafted) was a trial.  Older
+        counts fade by ``decay``, so the estimates follow the text at hand and drift back to the
+        prior for nodes no longer drafted (which are then tried again: a cold start cannot shut the
+        tree for good)."""
+        paths = used.paths if isinstance(used, TreeShape) else used
+        self.level_hits = self.decay * self.level_hits + len(accepted)
+        self.level_expected = self.decay * self.level_expected + sum(
+            max(self.prior.get(p, 0.0), RATE_FLOOR) for p in paths)
+        self.count(paths, accepted)
+
+    @property
+    def level(self) -> float:
+        """How well this text's drafts do against the prior, over the recent steps: accepted drafts
+        over what the prior expected of them (shrunk towards 1).  It scales the prior of every node,
+        tried or not: on text where drafts miss (chat), the untried nodes are not trusted at their
+        prior either, and the plan shrinks to no tree within a few steps."""
+        p = self.LEVEL_PSEUDO
+        return min(max((self.level_hits + p) / (self.level_expected + p), 0.05), 4.0)
 
     def estimate(self, p: tuple[int, ...]) -> float:
-        return self.rate(p, self.prior.get(p, 0.0))
+        return self.rate(p, min(self.prior.get(p, 0.0) * self.level, 0.95))
 
 
 LOOKUP_STATES = ("cold", "hot")  # the previous lookup continuation: short-lived, or accepted at length
@@ -98,7 +116,7 @@ class ChainStats(DecayedRates):
     Online counts per key, faded by ``decay`` and shrunk towards the calibrated prior (``prior``,
     from :func:`lookup_prior`), else a geometric ``PRIOR_RATE[n] ** (i + 1)``."""
 
-    PRIOR_RATE = {1: 0.35, 2: 0.5, 3: 0.67}
+    PRIOR_RATE = {1: 0.35, 2: 0.5, 3: 0.67, 4: 0.72, 8: 0.8, 16: 0.85}  # by match length (lookup.MATCH_BUCKETS)
     prior: dict = field(default_factory=dict)
     weight: float = 8.0
     decay: float = 0.97
@@ -169,6 +187,7 @@ class TreePlanner:
         """Back to the prior: no statistics, the measured cost curve (this planner's own copy), the
         initial plan."""
         self.cost = self.cost.fresh()
+        self.host = HostCost()
         self.by_temperature: dict[float, tuple[AcceptanceStats, ChainStats]] = {}
         self.temperature = None
         self.steps, self.idle, self.cache, self.hot = 0, 0, None, False
@@ -200,8 +219,13 @@ class TreePlanner:
         self.hot, self.idle = False, 0
 
     def step_cost(self, q: int) -> float:
-        """Seconds of a forward of ``q`` tokens at the cache length last seen."""
-        return self.cost(q, self.cache)
+        """Seconds of a step of ``q`` query tokens at the cache length last seen: its forward, and
+        the host work around it (``HostCost``, measured on this machine's steps)."""
+        return self.cost(q, self.cache) + self.host(q)
+
+    def record_host(self, q: int, seconds: float) -> None:
+        """A step of ``q`` query tokens spent ``seconds`` outside its forward."""
+        self.host.observe(q, seconds)
 
     def record_lookup(self, ngram: int, offered: int, accepted: int) -> None:
         """A lookup continuation of ``offered`` tokens had its first ``accepted`` accepted."""
@@ -220,7 +244,7 @@ class TreePlanner:
                 best_n, best_rate = n, rate
         return best_n
 
-    def record(self, used: TreeShape, accepted: list[tuple[int, ...]], forward_tokens: int = 0,
+    def record(self, used, accepted: list[tuple[int, ...]], forward_tokens: int = 0,
                forward_seconds: float = 0.0, cache_length: int | None = None) -> TreeShape | None:
         """Count one step (its forward's size, time and cache length too); returns a new tree when it is
         time to re-plan and the plan changed."""

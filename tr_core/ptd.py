@@ -34,6 +34,7 @@ import random
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from .cost import HostCost
 from .planner import DecayedRates
 
 
@@ -317,6 +318,7 @@ class PTDPlanner:
     def reset(self) -> None:
         """Back to the prior: no acceptance seen, the measured cost curve, greedy decoding."""
         self.cost = self.cost.fresh()
+        self.host = HostCost()
         self.by_temperature: dict[float, tuple[CandidateRates, DraftYield]] = {}
         self.cache: int | None = None
         self.use_temperature(0.0)
@@ -326,13 +328,22 @@ class PTDPlanner:
         key = round(float(temperature), 2)
         self.rates, self.drafts = self.by_temperature.setdefault(key, (CandidateRates(), DraftYield()))
 
+    def step_cost(self, q: int) -> float:
+        """Seconds of a step of ``q`` query tokens: its forward at the cache length last seen and the
+        host work around it (``tr_core.cost.HostCost``, measured on this machine's steps)."""
+        return self.cost(q, self.cache) + self.host(q)
+
+    def record_host(self, q: int, seconds: float) -> None:
+        """A step of ``q`` query tokens spent ``seconds`` outside its forward."""
+        self.host.observe(q, seconds)
+
     def draft_budget(self, verified: int = 0, gain: float = 0.0) -> int:
         """Draft nodes to carry (0 to ``max_nodes``) next to ``verified`` candidates expected to add
         ``gain`` tokens: the fewest that maximise ``(1 + gain + y d) / cost(1 + verified + d)``."""
         y, q = self.drafts.rate, 1 + verified
-        best, best_d = (1.0 + gain) / self.cost(q, self.cache), 0
+        best, best_d = (1.0 + gain) / self.step_cost(q), 0
         for d in range(1, self.max_nodes + 1):
-            rate = (1.0 + gain + y * d) / self.cost(q + d, self.cache)
+            rate = (1.0 + gain + y * d) / self.step_cost(q + d)
             if rate > best:
                 best, best_d = rate, d
         return best_d
@@ -366,12 +377,12 @@ class PTDPlanner:
         frontier = [(-self.estimate(keys[i]), i) for i in children.get(0, [])]
         heapq.heapify(frontier)
         chosen, gain, best_n = [], 0.0, 0
-        best = 1.0 / self.cost(1 + riding, self.cache)
+        best = 1.0 / self.step_cost(1 + riding)
         while frontier:
             neg, i = heapq.heappop(frontier)
             chosen.append(i)
             gain -= neg
-            rate = (1.0 + gain) / self.cost(1 + len(chosen) + riding, self.cache)
+            rate = (1.0 + gain) / self.step_cost(1 + len(chosen) + riding)
             if rate > best:
                 best, best_n = rate, len(chosen)
             for c in children.get(i + 1, []):

@@ -48,6 +48,7 @@ class Step:
     # PTD: the evolving draft tree after this step's expansion; ``sources`` holds each node's
     # fate ("kept", "new", "pruned").  Its nodes ride along in the forward but are never verified.
     draft_tree: DraftTree | None = None
+    blank_drafts: int = 0  # TR: nodes of the tree shape left out, drafted from rows never written (or below one)
     wall: float | None = None  # the whole step's wall-clock seconds, device synchronised once (tr_core.race.timed_step)
 
     @property

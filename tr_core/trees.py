@@ -166,6 +166,24 @@ class TreeTensors:
                            ranks=self.ranks[:m], ancestors=self.ancestors[:m, :m],
                            attn_bias=self.attn_bias[:m, :m], levels=())
 
+    def select(self, keep: torch.Tensor) -> "TreeTensors":
+        """The nodes where ``keep [q]`` (bool, the root kept, closed under ancestors: a kept node's
+        parent is kept) as a tree of their own, in the same order; ``levels`` kept (retrieval has
+        already happened)."""
+        idx = keep.nonzero().squeeze(1)  # [q']
+        renumber = torch.cumsum(keep.long(), 0) - 1  # [q]: old index -> new
+        return TreeTensors(shape=self.shape, parents=renumber[self.parents[idx]], depths=self.depths[idx],
+                           ranks=self.ranks[idx], ancestors=self.ancestors[idx][:, idx],
+                           attn_bias=self.attn_bias[idx][:, idx], levels=self.levels)
+
+    def children(self) -> list[list[int]]:
+        """Each node's children, by index (the root is not its own child)."""
+        out: list[list[int]] = [[] for _ in range(self.parents.shape[0])]
+        for i, p in enumerate(self.parents.tolist()[1:], 1):
+            if p != i:
+                out[p].append(i)
+        return out
+
     def graft_chain(self, attach: int, length: int) -> "TreeTensors":
         """This tree plus a chain of ``length`` nodes under node ``attach`` (appended at the end).
 

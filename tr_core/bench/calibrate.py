@@ -26,12 +26,12 @@ import json
 import sys
 from pathlib import Path
 
-from ..lookup import lookup_with_ngram
+from ..lookup import MATCH_BUCKETS, lookup_longest, match_bucket
 from ..planner import is_hot
 from ..trees import PRESET_DIR, TreeShape, load_tree
 from .data import EVAL_PER_CATEGORY, SPLITS, load_prompts
 
-PRESET_SIZES = (8, 10, 16, 20, 24, 40)
+PRESET_SIZES = (8, 10, 16, 20, 24, 40, 56)  # 56 + a 24-token lookup: the paper's budget of 80 draft nodes
 LOOKUP_SPAN = 24  # continuation positions a lookup prior covers
 UNIVERSE = "paper-80"
 MIN_TRIALS = 20  # fewer observations than this at a lookup position: no prior there (the geometric one holds)
@@ -62,7 +62,7 @@ def tree_acceptance(lm, prompts: list[list[int]], universe: TreeShape, max_new_t
     hits, steps, outputs = [0] * universe.size, 0, []
     for ids in prompts:
         dec = TokenRecyclingDecoder(lm, tree=universe, matrix=matrix, lookup=0, max_new_tokens=max_new_tokens,
-                                    trace_rows=False)
+                                    trace_rows=False, drop_blank=False)  # every node drafted: indices = the shape's
         outputs.append(dec.generate(ids))
         for step in dec.steps:
             steps += 1
@@ -72,11 +72,12 @@ def tree_acceptance(lm, prompts: list[list[int]], universe: TreeShape, max_new_t
 
 
 def lookup_acceptance(prompts: list[list[int]], outputs: list[list[int]], span: int = LOOKUP_SPAN) -> dict:
-    """Prompt lookup decoding replayed on known outputs: at each step the continuation of the last
-    3..1-gram (up to ``span`` tokens) is matched against the output's next tokens, then the step
+    """Retrieval replayed on known outputs: at each step the continuation of the longest suffix
+    match (``tr_core.lookup.lookup_longest``, up to ``span`` tokens) is matched against the output's next tokens, then the step
     commits the matched tokens and one more, as a verifying forward would.
 
-    Returns ``{"1": {"cold": [rate by position], "hot": [...]}, "2": ..., "3": ...}``.  A rate is
+    Returns ``{"1": {"cold": [rate by position], "hot": [...]}, "2": ..., ...}`` by match length
+    (``MATCH_BUCKETS``).  A rate is
     None where fewer than ``MIN_TRIALS`` continuations reached that position (the planner then uses
     its geometric prior), else shrunk towards that geometric prior by ``PSEUDO_TRIALS``."""
     from ..planner import ChainStats
@@ -88,7 +89,8 @@ def lookup_acceptance(prompts: list[list[int]], outputs: list[list[int]], span: 
     for prompt, out in zip(prompts, outputs):
         t, hot = 0, False
         while t < len(out):
-            chain, n = lookup_with_ngram(torch.tensor(prompt + out[:t]), span)
+            chain, match = lookup_longest(torch.tensor(prompt + out[:t]), span)
+            n = match_bucket(match)
             chain = chain[:len(out) - t]
             run = next((i for i, (a, b) in enumerate(zip(chain, out[t:])) if a != b), len(chain))
             for i in range(len(chain)):
@@ -102,7 +104,7 @@ def lookup_acceptance(prompts: list[list[int]], outputs: list[list[int]], span: 
     return {str(n): {state: [significant(smoothed(hits[n, h, i], trials[n, h, i], geometric(n, i), PSEUDO_TRIALS))
                              if trials.get((n, h, i), 0) >= MIN_TRIALS else None for i in range(span)]
                      for state, h in (("cold", False), ("hot", True))}
-            for n in (1, 2, 3)}
+            for n in MATCH_BUCKETS}
 
 
 def grow_preset(universe: TreeShape, rates: list[float], size: int) -> list[list[int]]:

@@ -20,6 +20,7 @@ Each step, in phases:
 """
 from __future__ import annotations
 
+import time
 from dataclasses import replace
 
 import torch
@@ -66,6 +67,7 @@ class ProgressiveTreeDecoder(TreeDecoder):
     @torch.inference_mode()
     def step(self) -> Step:
         self._check_running()
+        started = time.perf_counter()
         clock, root = PhaseClock(self.lm.device), int(self.last)
         with clock.phase("retrieve"):
             cand = self.tries.candidates(root)
@@ -94,6 +96,8 @@ class ProgressiveTreeDecoder(TreeDecoder):
         step.draft_tree = draft
         if self.config.harvest_context:
             self.harvest_text(len(step.committed))
+        if self.planner is not None:
+            self.planner.record_host(tokens.shape[0], time.perf_counter() - started - clock.seconds["forward"])
         return step
 
     def harvest_text(self, count: int) -> None:

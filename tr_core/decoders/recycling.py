@@ -10,9 +10,11 @@ Each step, in the paper's phases:
 """
 from __future__ import annotations
 
+import time
+
 import torch
 
-from ..lookup import graft_point, lookup_with_ngram
+from ..lookup import graft_point, lookup_longest, lookup_with_ngram, match_bucket
 from ..matrix import AdjacencyMatrix
 from ..models import LoadedModel
 from ..planner import TreePlanner
@@ -27,6 +29,7 @@ from .tree_step import TreeDecoder
 # ``paper-80`` (the paper's tree) stays a named preset.
 DEFAULT_TREE = "auto"
 DEFAULT_LOOKUP = 24  # the planner cuts each continuation to what pays (long while copying)
+RETRIEVALS = {"suffix": lookup_longest, "ngram": lookup_with_ngram}  # how the context continuation is found
 
 
 class TokenRecyclingDecoder(TreeDecoder):
@@ -37,11 +40,18 @@ class TokenRecyclingDecoder(TreeDecoder):
     def __init__(self, lm: LoadedModel, tree: TreeShape | str | list | None = None, k: int = 8,
                  matrix: AdjacencyMatrix | None = None, max_new_tokens: int = 128, trace_rows: bool = True,
                  lookup: int | None = None, planner: TreePlanner | None = None,
-                 sampling: SamplingConfig | None = None):
+                 sampling: SamplingConfig | None = None, verified_rows: bool = True,
+                 drop_blank: bool = True, retrieval: str = "suffix"):
         """``tree``: a shape, a preset name, rank paths, or ``"auto"`` (the cost-aware tree, planned by
         ``planner``, which like ``matrix`` may be shared across requests).  ``lookup``: longest
         prompt-lookup continuation merged into each tree (0 = the paper's method alone; None = the
-        device default).  ``sampling``: lossless sampling instead of greedy decoding."""
+        device default).  ``sampling``: lossless sampling instead of greedy decoding.
+        ``verified_rows``: where a token occurs twice in a tree, the row written is the one from the
+        committed text (:meth:`verified_first`); False: the paper's last-write-wins.  ``drop_blank``:
+        no forward tokens for drafts from rows never written (:meth:`drop_blank_drafts`); False: the
+        paper's full shape.  ``retrieval``: ``"suffix"`` (the longest suffix match over the whole
+        context) or ``"ngram"`` (prompt lookup's 3..1-gram) for the grafted continuation.
+        The three ``False``/``"ngram"`` settings are the ablations of ``python -m tr_core.bench.ablate``."""
         super().__init__(lm, max_new_tokens, sampling)
         self.lookup = DEFAULT_LOOKUP if lookup is None else int(lookup)
         if tree is None or tree == "default":
@@ -56,6 +66,9 @@ class TokenRecyclingDecoder(TreeDecoder):
             raise ValueError("The matrix belongs to another vocabulary than the model.")
         self.matrix = matrix
         self.trace_rows = trace_rows
+        if retrieval not in RETRIEVALS:
+            raise ValueError(f"retrieval must be one of {', '.join(RETRIEVALS)} (got {retrieval!r})")
+        self.verified_rows, self.drop_blank, self.retrieve_context = verified_rows, drop_blank, RETRIEVALS[retrieval]
         self.set_tree(tree)
 
     def set_tree(self, tree: TreeShape | str | list | None) -> None:
@@ -94,54 +107,90 @@ class TokenRecyclingDecoder(TreeDecoder):
     @torch.inference_mode()
     def step(self) -> Step:
         self._check_running()
+        started = time.perf_counter()
         tree, clock = self.tree_t, PhaseClock(self.lm.device)
         with clock.phase("retrieve"):
             tokens = self.matrix.retrieve_draft_tree(self.last, tree)  # [q]
-            empty = self.matrix.empty_rows(tokens[tree.parents[1:]]).tolist()  # drafted from a blank row
+            tokens, tree, kept = self.drop_blank_drafts(tokens, tree)
         shape, grafted, offered = self.tree, 0, None
-        sources = ["root"] + ["empty" if e else "matrix" for e in empty]
+        sources = ["root"] + ["matrix"] * (tokens.shape[0] - 1)
         if self.lookup:
             with clock.phase("lookup"):
-                tokens, tree, grafted, offered = self.graft_lookup(tokens, tree)
+                tokens, tree, grafted, offered = self.graft_lookup(tokens, tree, kept)
             sources += ["lookup"] * grafted
         logits, verdict, path = self.verify_tree(tokens, tree, clock)
         with clock.phase("update"):
-            rows = self.matrix.recycle(tokens, logits, keep_old=self.trace_rows)
+            rows = self.matrix.recycle(tokens, logits, keep_old=self.trace_rows,
+                                       priority=self.verified_first(tokens, tree, path, verdict.bonus))
         if self.planner is not None:
-            self.plan_next(shape, path, tokens, offered, clock.seconds["forward"])
-        return self.finish_tree_step(tokens, tree, sources, verdict, path, clock,
+            self.plan_next(shape, kept, path, tokens, offered, clock.seconds["forward"])
+        step = self.finish_tree_step(tokens, tree, sources, verdict, path, clock,
                                      _row_updates(rows) if self.trace_rows else None)
+        step.blank_drafts = shape.size + 1 - len(kept)
+        if self.planner is not None:
+            self.planner.record_host(tokens.shape[0], time.perf_counter() - started - clock.seconds["forward"])
+        return step
 
-    def graft_lookup(self, tokens: torch.Tensor, tree):
-        """Merge the prompt-lookup continuation of the context under the root, skipping the part
-        the matrix already drafted (with a planner: only as many tokens as are expected to pay).
+    def drop_blank_drafts(self, tokens: torch.Tensor, tree):
+        """Phase 1's last part: no forward tokens for nodes drafted from a row never written (their
+        tokens are the row's zeros, not predictions) nor for anything below them.
 
-        Returns (tokens [q'], tree tensors, grafted node count, what was offered: None, or the matched
-        n-gram size and the continuation's tokens as far as they are drafted)."""
-        chain, ngram = lookup_with_ngram(self.context_ids(), self.lookup)
+        Returns (tokens [q'], tree tensors [q'], the kept nodes' indices in the static shape)."""
+        blank = self.matrix.blank_drafts(tokens, tree) if self.drop_blank else None  # [q]
+        if blank is None or not bool(blank.any()):
+            return tokens, tree, list(range(tokens.shape[0]))
+        keep = ~blank
+        return tokens[keep], tree.select(keep), keep.nonzero().squeeze(1).tolist()
+
+    def verified_first(self, tokens: torch.Tensor, tree, path: list[int], bonus: torch.Tensor):
+        """``[q]`` long write priorities for phase 4, or None for the paper's rule (last write wins).
+
+        Where a token occurs twice in the tree, the row written is the one whose logits saw the text
+        as it is: first the child of the last accepted node that holds the model's own token (its
+        logits predict the token after it, in the committed text), then the accepted path, then the
+        rest."""
+        if not self.verified_rows:
+            return None
+        priority = torch.zeros(tokens.shape[0], dtype=torch.long, device=tokens.device)
+        priority[path] = 1
+        priority[(tree.parents == path[-1]) & (tokens == bonus)] = 2
+        priority[0] = 1
+        return priority
+
+    def graft_lookup(self, tokens: torch.Tensor, tree, kept: list[int]):
+        """Merge the retrieval continuation of the context (``tr_core.lookup.lookup_longest``) under
+        the root, skipping the part the matrix already drafted (with a planner: only as many tokens as
+        are expected to pay).  ``kept``: the drafted nodes' indices in the static shape.
+
+        Returns (tokens [q'], tree tensors, grafted node count, what was offered: None, or the match's
+        statistics key and the continuation's tokens as far as they are drafted)."""
+        chain, match = self.retrieve_context(self.context_ids(), self.lookup)
         if not chain:
             return tokens, tree, 0, None
-        attach, rest = graft_point(tokens.tolist(), self.tree.children, chain)
+        children = self.tree.children if len(kept) == self.tree.size + 1 else tree.children()
+        attach, rest = graft_point(tokens.tolist(), children, chain)
         offset = len(chain) - len(rest)
+        key = match_bucket(match)
         if self.planner is not None:
-            rest = rest[:self.planner.lookup_length(tokens.shape[0], ngram, offset, len(rest))]
+            rest = rest[:self.planner.lookup_length(tokens.shape[0], key, offset, len(rest))]
         if not rest:
             return tokens, tree, 0, None
         grafted = torch.tensor(rest, dtype=tokens.dtype, device=tokens.device)
         return (torch.cat([tokens, grafted]), tree.graft_chain(attach, len(rest)), len(rest),
-                (ngram, chain[:offset + len(rest)]))
+                (key, chain[:offset + len(rest)]))
 
-    def plan_next(self, shape: TreeShape, path: list[int], tokens: torch.Tensor,
+    def plan_next(self, shape: TreeShape, kept: list[int], path: list[int], tokens: torch.Tensor,
                   offered: tuple[int, list[int]] | None, forward_seconds: float) -> None:
-        """Feed this step's acceptance (tree nodes, lookup tokens ``offered``) and forward time to the
-        planner; switch trees when it re-plans."""
-        accepted = [shape.paths[i - 1] for i in path[1:] if i <= shape.size]
+        """Feed this step's acceptance (the drafted nodes of ``shape``, ``kept``; lookup tokens
+        ``offered``) and forward time to the planner; switch trees when it re-plans."""
+        drafted = [shape.paths[i - 1] for i in kept[1:]]
+        accepted = [shape.paths[kept[i] - 1] for i in path[1:] if i < len(kept)]
         if offered is not None:
-            ngram, chain = offered
-            drafted = tokens[path[1:]].tolist()
-            run = next((i for i, (a, b) in enumerate(zip(chain, drafted)) if a != b), min(len(chain), len(drafted)))
-            self.planner.record_lookup(ngram, len(chain), run)
-        new = self.planner.record(shape, accepted, tokens.shape[0], forward_seconds,
+            key, chain = offered
+            along = tokens[path[1:]].tolist()
+            run = next((i for i, (a, b) in enumerate(zip(chain, along)) if a != b), min(len(chain), len(along)))
+            self.planner.record_lookup(key, len(chain), run)
+        new = self.planner.record(drafted, accepted, tokens.shape[0], forward_seconds,
                                    self.cache_length - tokens.shape[0])
         if new is not None:
             self.set_tree(new)

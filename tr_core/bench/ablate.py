@@ -1,0 +1,130 @@
+"""``python -m tr_core.bench.ablate``: what each addition to the paper's drafting adds, one row each.
+
+Token Recycling on a fixed tree (``--tree``, default the paper's 80 nodes), the matrix hot-started
+across the prompts, with the additions switched on one at a time, in this order:
+
+* ``paper``: the paper's method (full shape, last write wins, no context retrieval);
+* ``+no blank drafts``: no forward tokens for drafts from rows never written;
+* ``+verified rows``: where a token occurs twice in a tree, its row is written from the committed text;
+* ``+ngram lookup``: prompt lookup's 3..1-gram continuation grafted under the root (``--lookup`` tokens);
+* ``+suffix retrieval``: the continuation of the longest suffix match over the whole context instead.
+
+Each row gives MAT (tokens per step), the mean forward tokens, and their ratio: tokens committed per
+forward token, what a small tree must raise.  These do not depend on the hardware (a fixed tree,
+greedy decoding), so any machine gives the same rows; outputs are checked against the first row's
+(every variant is lossless).  The default prompts are the calibration split: a change is justified
+there, and reported on the evaluation split (``--split eval``).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import dataclass
+
+from .data import SPLITS, load_prompts
+
+VARIANTS = (
+    ("paper", dict(drop_blank=False, verified_rows=False, lookup=0)),
+    ("+no blank drafts", dict(drop_blank=True, verified_rows=False, lookup=0)),
+    ("+verified rows", dict(drop_blank=True, verified_rows=True, lookup=0)),
+    ("+ngram lookup", dict(drop_blank=True, verified_rows=True, retrieval="ngram")),
+    ("+suffix retrieval", dict(drop_blank=True, verified_rows=True, retrieval="suffix")),
+)
+
+
+@dataclass
+class Row:
+    name: str
+    tokens: int
+    steps: int
+    forward_tokens: int
+    identical: int
+    prompts: int
+
+    @property
+    def mat(self) -> float:
+        return self.tokens / max(self.steps, 1)
+
+    @property
+    def mean_forward(self) -> float:
+        return self.forward_tokens / max(self.steps, 1)
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "mat": round(self.mat, 3), "mean_forward_tokens": round(self.mean_forward, 2),
+                "per_forward_token": round(self.mat / self.mean_forward, 4), "identical": self.identical,
+                "prompts": self.prompts, "steps": self.steps}
+
+
+def run_variant(lm, prompts: list[list[int]], tree: str, lookup: int, max_new_tokens: int, settings: dict):
+    """One variant over every prompt with one hot-started matrix; returns its outputs and counts."""
+    from ..decoders import TokenRecyclingDecoder
+    from ..matrix import AdjacencyMatrix
+
+    matrix = AdjacencyMatrix(lm.vocab_size, 8, lm.device, lm.fingerprint)
+    settings = {"lookup": lookup, **settings}
+    outputs, steps, forward = [], 0, 0
+    for ids in prompts:
+        dec = TokenRecyclingDecoder(lm, tree=tree, matrix=matrix, max_new_tokens=max_new_tokens, trace_rows=False,
+                                    **settings)
+        outputs.append(dec.generate(ids))
+        steps += len(dec.steps)
+        forward += sum(s.forward_tokens for s in dec.steps)
+    return outputs, steps, forward
+
+
+def format_rows(rows: list[Row]) -> str:
+    lines = [f"{'variant':<20} {'MAT':>6} {'fwd tokens':>10} {'MAT/fwd':>8} {'identical':>10}", "-" * 58]
+    for r in rows:
+        lines.append(f"{r.name:<20} {r.mat:6.2f} {r.mean_forward:10.2f} {r.mat / r.mean_forward:8.3f} "
+                     f"{r.identical:>5}/{r.prompts:<4}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from . import __main__ as bench_cli
+    from ..models import ModelLoadError, load_model
+    from ..devices import cpu_info
+
+    ap = argparse.ArgumentParser(prog="python -m tr_core.bench.ablate", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--prompts", default=str(bench_cli.DEFAULT_PROMPTS))
+    ap.add_argument("--split", choices=sorted(SPLITS), default="calib")
+    ap.add_argument("--limit", type=int, default=3, help="prompts per category")
+    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--tree", default="paper-80", help="a fixed tree (preset, chain-N or JSON file)")
+    ap.add_argument("--lookup", type=int, default=24, help="continuation tokens grafted in the lookup rows")
+    ap.add_argument("--model", default=None)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args(argv)
+    if args.limit < 1 or args.max_new_tokens < 1 or args.lookup < 1:
+        ap.error("--limit, --max-new-tokens and --lookup must be at least 1")
+    try:
+        prompts = load_prompts(args.prompts, args.limit, offset=SPLITS[args.split])
+        if not prompts:
+            raise ValueError(f"no prompts in {args.prompts}")
+        lm = load_model(args.model, "cpu", "float32")
+        ids = [lm.encode_prompt(p.text) for p in prompts]
+        rows, reference = [], None
+        for name, settings in VARIANTS:
+            outputs, steps, forward = run_variant(lm, ids, args.tree, args.lookup, args.max_new_tokens, settings)
+            reference = reference or outputs
+            same = sum(a == b for a, b in zip(outputs, reference))
+            rows.append(Row(name, sum(map(len, outputs)), steps, forward, same, len(ids)))
+            print(format_rows(rows[-1:]).splitlines()[-1], file=sys.stderr, flush=True)
+    except (OSError, ValueError, ModelLoadError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(f"{lm.name}, tree {args.tree}, lookup {args.lookup}, {args.split} split, {len(ids)} prompts x "
+          f"{args.max_new_tokens} tokens; CPU {cpu_info().get('model', '?')}")
+    print(format_rows(rows))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"tree": args.tree, "lookup": args.lookup, "split": args.split, "limit": args.limit,
+                       "max_new_tokens": args.max_new_tokens, "model": lm.name,
+                       "rows": [r.to_json() for r in rows]}, f, indent=2)
+    return 0 if all(r.identical == r.prompts for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
