@@ -28,9 +28,15 @@ def _with_frame(body: str, frame: int, step: Step | None) -> str:
     return f'<div class="phases-wrap" role="region" aria-label="What this step did">{body}</div>'
 
 
+def _blank_count(step: Step) -> int:
+    """Drafts that came, or would have come, from rows never written: left out of the forward
+    (``Step.blank_drafts``), or, in run files from before that, drafted as ∅."""
+    return step.blank_drafts + sum(1 for s in step.tree.sources if s == "empty")
+
+
 def _early(step: Step) -> bool:
-    empty = sum(1 for s in step.tree.sources if s == "empty")
-    return empty * 3 >= max(step.tree.size, 1) or (step.index <= 3 and step.accepted_drafts == 0)
+    blank = _blank_count(step)
+    return blank * 3 >= max(step.tree.size + step.blank_drafts, 1) or (step.index <= 3 and step.accepted_drafts == 0)
 
 
 def _phase_body(step: Step | None, token_text) -> str:
@@ -55,7 +61,7 @@ def _phase_body(step: Step | None, token_text) -> str:
              f"(prompt lookup)." if looked else "")
     cells = [
         ("retrieve", f"From the last token <b>{root}</b>, {from_matrix} draft tokens were read out of the matrix, "
-                     f"branch by branch{_blank(t)} ({ms.get('retrieve', 0):.1f} ms).{extra}"),
+                     f"branch by branch{_blank(step)} ({ms.get('retrieve', 0):.1f} ms).{extra}"),
         ("verify", f"One forward pass of {step.forward_tokens} tokens checked every branch at once, each token "
                    f"seeing only its ancestors ({ms.get('forward', 0):.0f} ms)."),
         ("accept", f"The longest branch matching the model's own choices had <b>{acc}</b> token{'s' * (acc != 1)}; "
@@ -68,9 +74,14 @@ def _phase_body(step: Step | None, token_text) -> str:
     return _cells(cells)
 
 
-def _blank(t) -> str:
-    empty = sum(1 for s in t.sources if s == "empty")
-    return f"; {empty} of them from empty rows (∅, never written)" if empty else ""
+def _blank(step: Step) -> str:
+    empty = sum(1 for s in step.tree.sources if s == "empty")
+    if empty:
+        return f"; {empty} of them from empty rows (∅, never written)"
+    if step.blank_drafts:
+        return (f"; {step.blank_drafts} more of the tree's places were left out: they would have come from rows "
+                "never written (∅), which hold no prediction yet")
+    return ""
 
 
 def _cells(cells: list[tuple[str, str]]) -> str:

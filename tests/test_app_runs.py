@@ -92,13 +92,14 @@ def test_history_frames_and_linked_views(hub):  # noqa: F811
     assert sess.shown == 1
 
 
-def test_first_steps_mark_empty_rows_and_stay_greedy(hub):  # noqa: F811
+def test_first_steps_leave_out_blank_drafts_say_so_and_stay_greedy(hub):  # noqa: F811
     sess = stepped(hub, 2, tree="paper-80", lookup=0, hot_start=False)
-    first = sess.race.decoder.steps[0]
-    assert "empty" in first.tree.sources  # drafts read from rows never written
+    first, second = sess.race.decoder.steps
+    assert first.blank_drafts > 0 and "empty" not in first.tree.sources  # rows never written: not drafted
+    assert first.forward_tokens == first.tree.size + 1 < 81
     tree_fig, _, heat, _, counters, _, phases, _, alt = sess.views()
-    assert "∅" in str(tree_fig.data[-2].text) or "∅" in str([t.text for t in tree_fig.data])
-    assert "empty" in phases and "identical to greedy" in counters
+    assert second.blank_drafts > 0 and "left out" in phases and "∅" in phases  # the strip says why
+    assert "identical to greedy" in counters
     assert "Step 2 of 2" in alt
 
 

@@ -163,6 +163,8 @@ def test_bench_runs_ptd_second_turns_and_sampling(tmp_path, tiny_lm, capsys):
     methods = json.loads(out.read_text())["methods"]
     meta = json.loads(out.read_text())["meta"]
     assert meta["peers"] == "same" and "same model" in meta["trees"]["hf-pld"]  # no second copy loaded
+    curve = meta["cost_curve"]  # this machine's measured forward cost, as the planners started from it
+    assert curve["ratio_to_1"][0] == 1.0 and len(curve["ms"]) == len(curve["lengths"]) and curve["ms"][0] > 0
     assert list(methods) == ["greedy", "greedy-aa", "hf-greedy", "ptd", "ptd:8x8", "tr", "tr:uniform", "ptd:paper",
                              "hf-pld"]
     trees = json.loads(out.read_text())["meta"]["trees"]

@@ -1,6 +1,6 @@
 import torch
 
-from tr_core.lookup import graft_point, lookup_continuation
+from tr_core.lookup import graft_point, lookup_continuation, lookup_with_ngram
 
 
 def test_longest_ngram_first_and_earliest_match():
@@ -29,3 +29,18 @@ def test_graft_point_skips_what_the_tree_already_holds():
     assert graft_point(tokens, children, [11, 5]) == (2, [5])
     assert graft_point(tokens, children, [7, 8]) == (0, [7, 8])
     assert graft_point(tokens, children, [10, 12]) == (3, [])
+
+
+def test_suffix_retrieval_finds_the_longest_match_anywhere_in_the_context():
+    from tr_core.lookup import lookup_longest, match_bucket
+
+    # "1 2 3" occurs twice before the end; the later one is preceded by "9 1 2 3" as the end is
+    ctx = torch.tensor([5, 1, 2, 3, 4, 4, 9, 1, 2, 3, 7, 8, 6, 9, 1, 2, 3])
+    assert lookup_longest(ctx, 3) == ([7, 8, 6], 4)
+    assert lookup_with_ngram(ctx, 3)[0] == [4, 4, 9]  # the 3-gram lookup takes the first "1 2 3"
+    assert lookup_longest(torch.tensor([1, 2, 3]), 4) == ([], 0)  # the last token occurs nowhere before
+    assert lookup_longest(torch.tensor([7]), 4) == ([], 0)
+    tie = torch.tensor([1, 2, 8, 1, 2, 9, 1, 2])
+    assert lookup_longest(tie, 1) == ([9], 2)  # equally long matches: the most recent
+    assert lookup_longest(torch.tensor([4] * 50), 2, max_match=8)[1] == 8  # the match length is capped
+    assert [match_bucket(n) for n in (0, 1, 3, 5, 8, 15, 16, 40)] == [0, 1, 3, 4, 8, 8, 16, 16]

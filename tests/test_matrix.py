@@ -101,3 +101,33 @@ def test_load_refuses_foreign_safetensors_and_bad_ids(tmp_path):
     m.save(tmp_path / "bad.safetensors")
     with pytest.raises(MatrixFileError, match="invalid token ids"):
         AdjacencyMatrix.load(tmp_path / "bad.safetensors", "abc", 100)
+
+
+def test_recycle_with_priorities_keeps_the_row_of_highest_priority():
+    m = AdjacencyMatrix(50, 2)
+    tokens = torch.tensor([5, 7, 5, 9, 5])
+    logits = torch.zeros(5, 50)
+    for i in range(5):
+        logits[i, 10 + i] = 2.0  # occurrence i predicts token 10 + i first
+        logits[i, 20 + i] = 1.0
+    m.recycle(tokens, logits)
+    assert m.table[5].tolist() == [14, 24]  # the paper's rule: the last occurrence wins
+    m.recycle(tokens, logits, priority=torch.tensor([0, 0, 1, 0, 0]))
+    assert m.table[5].tolist() == [12, 22] and m.table[7].tolist() == [11, 21] and m.table[9].tolist() == [13, 23]
+    m.recycle(tokens, logits, priority=torch.tensor([2, 0, 1, 0, 1]))
+    assert m.table[5].tolist() == [10, 20]
+
+
+def test_blank_drafts_are_the_nodes_at_or_below_a_row_never_written():
+    from tr_core.trees import TreeShape
+
+    m = AdjacencyMatrix(50, 2)
+    m.table[3] = torch.tensor([4, 6], dtype=torch.int32)  # row 3 written; 4 and 6 never
+    tree = TreeShape.from_paths([[0], [1], [0, 0], [1, 0], [0, 0, 0]]).tensors()
+    tokens = m.retrieve_draft_tree(torch.tensor(3), tree)  # 3 -> 4, 6; 4 -> 0; 6 -> 0; 0 -> 0
+    assert tokens.tolist() == [3, 4, 6, 0, 0, 0]
+    blank = m.blank_drafts(tokens, tree)
+    assert blank.tolist() == [False, False, False, True, True, True]
+    sub = tree.select(~blank)
+    assert sub.parents.tolist() == [0, 0, 0] and sub.depths.tolist() == [0, 1, 1]
+    assert sub.ancestors.tolist() == [[True, False, False], [True, True, False], [True, False, True]]

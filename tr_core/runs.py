@@ -133,7 +133,8 @@ def step_from_dict(d: dict, index: int) -> Step:
     _need(int(d["index"]) == index, "index")
     return Step(index, str(d["method"]), tree, path, _ints(d["committed"]), choices, rows,
                 int(d["forward_tokens"]), int(d["cache_length"]), timings, bool(d.get("done", False)),
-                bool(d.get("sampled", False)), draft, None if d.get("wall") is None else float(d["wall"]))
+                bool(d.get("sampled", False)), draft, blank_drafts=max(int(d.get("blank_drafts", 0)), 0),
+                wall=None if d.get("wall") is None else float(d["wall"]))
 
 
 def _divergence(d: dict) -> dict:

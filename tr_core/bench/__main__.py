@@ -75,7 +75,19 @@ def run_meta(args, lm, specs, sampling, offset: int) -> dict:
             "peers": args.peers, "prompts_file": str(args.prompts), "offset": offset, "limit": args.limit, "max_new_tokens": args.max_new_tokens,
             "turns": args.turns, "template": lm.template, "attention": lm.layout.describe(), "sampling": None if sampling is None else vars(sampling), "matrix_shape": [lm.vocab_size, args.k],
             "matrix_bytes": lm.vocab_size * args.k * 4,
-            "trees": {s.name: s.tree for s in specs if s.tree}, "default_tree": DEFAULT_TREE}
+            "trees": {s.name: s.tree for s in specs if s.tree}, "default_tree": DEFAULT_TREE,
+            "cost_curve": cost_curve_meta(lm)}
+
+
+def cost_curve_meta(lm) -> dict | None:
+    """This machine's measured forward cost by query length (what the planners start from), with the
+    ratio to one token, the denominator of every speedup; None where no planner measured it."""
+    c = lm.cost_curve
+    if c is None:
+        return None
+    return {"prefix": c.prefix, "lengths": list(c.lengths), "ms": [round(x * 1e3, 2) for x in c.seconds],
+            "ratio_to_1": [round(x / c.seconds[0], 3) for x in c.seconds],
+            "per_cache_ms": c.per_cache * 1e3, "per_cache_fixed_ms": c.per_cache_fixed * 1e3}
 
 
 def main(argv: list[str] | None = None) -> int:
