@@ -20,8 +20,7 @@ def compare_methods(lm, prompt: str, max_new_tokens: int, progress=None) -> list
     """One row per method: name, cumulative tokens and seconds after each step, output."""
     makers = [("greedy", lambda: GreedyDecoder(lm, max_new_tokens)),
               ("TR (auto)", lambda: TokenRecyclingDecoder(lm, tree="auto", max_new_tokens=max_new_tokens)),
-              ("TR (paper-80)", lambda: TokenRecyclingDecoder(lm, tree="paper-80", lookup=0,
-                                                               max_new_tokens=max_new_tokens)),
+              ("TR (paper-80)", lambda: TokenRecyclingDecoder.paper(lm, "paper-80", max_new_tokens=max_new_tokens)),
               ("PTD", lambda: ProgressiveTreeDecoder(lm, max_new_tokens)),
               ("PLD", lambda: PromptLookupDecoder(lm, max_new_tokens))]
     ids = lm.encode_prompt(prompt)

@@ -44,7 +44,7 @@ class Settings:
     k: int
     max_new_tokens: int
     hot_start: bool
-    lookup: int = 0  # prompt-lookup tokens merged into the tree (0 = the paper's method alone)
+    lookup: int = 0  # context-retrieval tokens merged into the tree (0 = none)
     method: str = "tr"  # "tr" or "ptd" (tree, k, hot start and lookup are TR's settings)
     temperature: float = 0.0  # 0 = greedy; above 0 = lossless sampling (both sides of the race)
     top_p: float = 1.0

@@ -129,8 +129,8 @@ def test_bench_command_writes_json_csv_and_chart(tmp_path, tiny_lm, capsys):
     assert methods["greedy"]["mat"] == 1.0 and summary["aa"]["pair"] == ["greedy-aa", "greedy"]
     lo, hi = methods["tr:tr-16"]["speedup_ci"]
     assert lo <= methods["tr:tr-16"]["speedup"] <= hi
-    assert 1.0 <= methods["tr:tr-16"]["mean_forward_tokens"] < 17.0  # blank drafts get no forward tokens
-    assert summary["meta"]["trees"]["tr:tr-16"] == "tr-16 (16 nodes)"
+    assert methods["tr:tr-16"]["mean_forward_tokens"] == 17.0  # the paper's method: the full shape every step
+    assert summary["meta"]["trees"]["tr:tr-16"] == "tr-16 (16 nodes) (the paper's method)"
     trees = summary["meta"]["trees"]
     assert summary["meta"]["peers"] == "untouched" and "untouched" in trees["hf-greedy"] and "untouched" in trees["hf-pld"]
     assert "same model" in trees["hf-pld:same"]  # prompt lookup on our kernels: the algorithms compared alone
@@ -229,10 +229,11 @@ def test_lookup_prior_is_replayed_from_known_outputs():
     n = MIN_TRIALS
     table = lookup_acceptance([prompt] * n, [out] * n, span=12)
     # t=0: "10" occurs nowhere earlier, no continuation; one token committed.  t=1: "1" continues as
-    # 2..10, 1 against 2..10, 11: nine accepted, the tenth not; then nothing matches "11" or "12".
-    geo = [ChainStats.PRIOR_RATE[1] ** (i + 1) for i in range(10)]
-    expect = [(n * hit + PSEUDO_TRIALS * g) / (n + PSEUDO_TRIALS) for hit, g in zip([1] * 9 + [0], geo)]
-    assert table["1"]["cold"][:10] == pytest.approx(expect, abs=1e-4) and table["1"]["cold"][10:] == [None, None]
+    # 2..10, 1, 2 (past the context's end, round the loop) against 2..10, 11, 12 (cut to the 11 tokens
+    # left): nine accepted, the tenth not; then nothing matches "11" or "12".
+    geo = [ChainStats.PRIOR_RATE[1] ** (i + 1) for i in range(11)]
+    expect = [(n * hit + PSEUDO_TRIALS * g) / (n + PSEUDO_TRIALS) for hit, g in zip([1] * 9 + [0, 0], geo)]
+    assert table["1"]["cold"][:11] == pytest.approx(expect, abs=1e-4) and table["1"]["cold"][11:] == [None]
     assert all(r > 0 for r in table["1"]["cold"][:10])  # small where the geometric prior is, never a hard 0
     assert 0 < table["1"]["cold"][9] < 0.001  # a miss seen 20 times
     assert table["1"]["hot"] == [None] * 12 and table["3"] == {"cold": [None] * 12, "hot": [None] * 12}
@@ -326,3 +327,31 @@ def test_calibrate_refuses_to_write_priors_learnt_on_the_evaluation_split(capsys
         with pytest.raises(SystemExit):
             calibrate(["--prompts", str(DEFAULT_PROMPTS), *args])
     assert "calibration split" in capsys.readouterr().err
+
+
+def test_ablation_command_prints_one_row_per_addition_all_lossless(tmp_path, tiny_lm, capsys):
+    from tr_core.bench.ablate import VARIANTS, main as ablate
+
+    folder = save_tiny(tiny_lm, tmp_path)
+    prompts = tmp_path / "q.jsonl"
+    write_prompts(prompts)
+    out = tmp_path / "ablate.json"
+    assert ablate(["--prompts", str(prompts), "--split", "eval", "--limit", "2", "--max-new-tokens", "12",
+                   "--tree", "tr-16", "--lookup", "6", "--model", str(folder), "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["name"] for r in rows] == [name for name, _ in VARIANTS]
+    assert all(r["identical"] == r["prompts"] == 4 for r in rows)  # every variant equals greedy
+    assert rows[0]["mean_forward_tokens"] == 17.0 > rows[1]["mean_forward_tokens"]  # blank drafts left out
+    assert "MAT/fwd" in capsys.readouterr().out
+
+
+def test_kernel_command_times_every_size_per_kernel(tmp_path, tiny_lm, capsys):
+    from tr_core.bench.kernels import SIZES, main as kernels
+
+    folder = save_tiny(tiny_lm, tmp_path)
+    out = tmp_path / "kernels.json"
+    assert kernels(["--model", str(folder), "--repeats", "1", "--json", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert "plain" in data["seconds"] and all(len(v) == len(SIZES) for v in data["seconds"].values())
+    assert set(data["fastest"].values()) <= set(data["seconds"])
+    assert "fastest by size" in capsys.readouterr().out

@@ -225,3 +225,35 @@ def test_prefill_seeds_the_matrix_from_each_tokens_last_occurrence(tiny_lm):
     chunked.cache = DynamicCache(config=tiny_lm.model.config)
     chunked.prefill(prefix, chunk=7)
     assert chunked.cache_length == len(prefix) and torch.equal(chunked.matrix.table, reference.table)
+
+
+@pytest.mark.parametrize("verified", [True, False])
+def test_a_token_drafted_twice_keeps_the_row_of_its_accepted_node(tiny_lm, verified):
+    """Where a token sits on the accepted path and on a rejected branch, its row is the accepted
+    node's top-k (``verified_rows``), or the last occurrence's (the paper's rule)."""
+    dec = TokenRecyclingDecoder(tiny_lm, tree="paper-80", max_new_tokens=40, lookup=0, verified_rows=verified)
+    dec.start(PROMPTS[2])
+    checked = 0
+    while not dec.done:
+        step = dec.step()
+        t, written = step.tree, {r.token: r.new for r in step.rows_written}
+        for i in step.accepted_path:
+            twins = [j for j, tok in enumerate(t.tokens) if tok == t.tokens[i] and j != i]
+            if twins and step.model_choices[max(twins + [i])] != step.model_choices[i]:
+                on_path = [j for j in twins + [i] if j in step.accepted_path]  # the last among equals
+                winner = max(on_path) if verified else max(twins + [i])
+                assert written[t.tokens[i]][0] == step.model_choices[winner]
+                checked += 1
+    assert checked > 0
+
+
+def test_the_papers_method_and_the_ngram_retrieval_stay_lossless(tiny_lm):
+    ids = PROMPTS[2]
+    paper = TokenRecyclingDecoder.paper(tiny_lm, "tr-16", max_new_tokens=30)
+    assert paper.generate(ids) == reference_greedy(tiny_lm, ids, 30)
+    assert all(s.forward_tokens == 17 for s in paper.steps)  # the full shape, blank drafts included
+    assert "empty" in paper.steps[0].tree.sources  # and marked as such
+    ngram = TokenRecyclingDecoder(tiny_lm, tree="tr-16", max_new_tokens=30, lookup=8, retrieval="ngram")
+    assert ngram.generate(ids) == reference_greedy(tiny_lm, ids, 30)
+    with pytest.raises(ValueError, match="retrieval"):
+        TokenRecyclingDecoder(tiny_lm, retrieval="bm25")

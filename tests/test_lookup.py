@@ -44,3 +44,10 @@ def test_suffix_retrieval_finds_the_longest_match_anywhere_in_the_context():
     assert lookup_longest(tie, 1) == ([9], 2)  # equally long matches: the most recent
     assert lookup_longest(torch.tensor([4] * 50), 2, max_match=8)[1] == 8  # the match length is capped
     assert [match_bucket(n) for n in (0, 1, 3, 5, 8, 15, 16, 40)] == [0, 1, 3, 4, 8, 8, 16, 16]
+
+
+def test_suffix_retrieval_runs_on_round_a_loop_past_the_end_of_the_context():
+    from tr_core.lookup import lookup_longest
+
+    chain, match = lookup_longest(torch.tensor([1, 2, 3, 4] * 10), 12)
+    assert chain == [1, 2, 3, 4] * 3 and match == 32  # a loop of period 4: the copy goes on repeating it

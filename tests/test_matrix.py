@@ -131,3 +131,15 @@ def test_blank_drafts_are_the_nodes_at_or_below_a_row_never_written():
     sub = tree.select(~blank)
     assert sub.parents.tolist() == [0, 0, 0] and sub.depths.tolist() == [0, 1, 1]
     assert sub.ancestors.tolist() == [[True, False, False], [True, True, False], [True, False, True]]
+
+
+def test_select_renumbers_parents_and_keeps_each_nodes_place():
+    from tr_core.trees import TreeShape
+
+    tree = TreeShape.from_paths([[0], [1], [0, 0], [1, 0], [1, 0, 0]]).tensors()
+    keep = torch.tensor([True, False, True, False, True, True])  # drop [0] and its child [0, 0]
+    sub = tree.select(keep)
+    assert sub.kept.tolist() == [0, 2, 4, 5]
+    assert sub.parents.tolist() == [0, 0, 1, 2] and sub.depths.tolist() == [0, 1, 2, 3]
+    assert sub.children() == [[1], [2], [3], []]
+    assert sub.ancestors[3].tolist() == [True, True, True, True]

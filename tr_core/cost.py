@@ -160,13 +160,24 @@ class HostCost:
     _gram: np.ndarray = field(default_factory=lambda: np.zeros((2, 2)), repr=False)
     _moment: np.ndarray = field(default_factory=lambda: np.zeros(2), repr=False)
 
-    RIDGE = (1e-6, 4.0)  # prior weights on a = 0 (just enough to solve) and b = 0 (as four steps)
+    RIDGE = (1e-6, 4.0)  # ridge on a (just enough to solve) and on b (against the spread of q seen)
 
     def observe(self, q: int, seconds: float) -> None:
         x = np.array([1.0, float(q)])
         self._gram = self.decay * self._gram + np.outer(x, x)
         self._moment = self.decay * self._moment + x * max(seconds, 0.0)
-        self.coef = np.maximum(np.linalg.solve(self._gram + np.diag(self.RIDGE), self._moment), 0.0)
+        self.coef = self.refit()
+
+    def refit(self) -> np.ndarray:
+        """Ridge least squares with both parts kept non-negative: where one would fit below 0, it is
+        0 and the other is refitted alone."""
+        g = self._gram + np.diag(self.RIDGE)
+        a, b = np.linalg.solve(g, self._moment)
+        if b < 0:
+            return np.array([max(self._moment[0] / g[0, 0], 0.0), 0.0])
+        if a < 0:
+            return np.array([0.0, max(self._moment[1] / g[1, 1], 0.0)])
+        return np.array([a, b])
 
     def __call__(self, q: int) -> float:
         return float(self.coef[0] + self.coef[1] * q)

@@ -1,7 +1,11 @@
-"""Prompt lookup: continue the last n-gram of the context from its earliest earlier occurrence.
+"""Drafts copied from the context.
 
-As Spec-Bench's PLD baseline and transformers' ``prompt_lookup_num_tokens``: try n = max..min,
-take the first match whose continuation is non-empty, return up to ``max_draft`` tokens.
+* ``lookup_continuation`` / ``lookup_with_ngram``: prompt lookup, as Spec-Bench's PLD baseline and
+  transformers' ``prompt_lookup_num_tokens``: continue the last n-gram (n = max..min) from its earliest
+  earlier occurrence (what ``pld`` runs);
+* ``lookup_longest``: retrieval over the whole context, the continuation of the longest suffix match
+  (what Token Recycling grafts into its tree);
+* ``graft_point``: where a continuation joins a drafted tree.
 """
 from __future__ import annotations
 
@@ -45,7 +49,7 @@ def lookup_longest(context: torch.Tensor, max_draft: int = 10, max_match: int = 
     occurs nowhere before).  Longer than a 3-gram lookup's match, it tells a copy (a quoted
     sentence, a repeated code line) from a common word, and the planner trusts it accordingly.
     """
-    c = context.numpy()
+    c = context.cpu().numpy()
     end = c.shape[0] - 1
     if end < 1:
         return [], 0
@@ -61,7 +65,10 @@ def lookup_longest(context: torch.Tensor, max_draft: int = 10, max_match: int = 
             break
         places, length = places[ok], length + 1
     start = int(places[-1]) + 1  # the most recent of the longest matches
-    return c[start:start + max_draft].tolist(), length
+    text = c.tolist()
+    for i in range(max_draft - (end + 1 - start)):  # the continuation runs into the end of the context:
+        text.append(text[start + i])  # a loop of period end + 1 - start, which the copy goes on repeating
+    return text[start:start + max_draft], length
 
 
 def graft_point(tokens: list[int], children: list[list[int]], chain: list[int]) -> tuple[int, list[int]]:

@@ -8,8 +8,10 @@ device at the current cache length, as the machine runs it now (``tr_core.cost``
 1 + the sum of its nodes' acceptance probabilities.  When no tree pays, the plan is empty and a
 step is a plain one-token forward: never worse than greedy by more than noise.
 
-A prompt-lookup continuation grafted into the tree is cut by the same rule: its i-th token adds its
-acceptance rate (``ChainStats``, by matched n-gram size) and costs one more query token.
+A retrieval continuation grafted into the tree is cut by the same rule: its i-th token adds its
+acceptance rate (``ChainStats``, by match length, ``tr_core.lookup.MATCH_BUCKETS``) and costs one
+more query token.  ``cost(q)`` is the whole step's: the forward's curve plus the host work measured
+around it (``HostCost``).
 """
 from __future__ import annotations
 
@@ -109,7 +111,7 @@ def lookup_prior(universe: str) -> dict:
 
 @dataclass
 class ChainStats(DecayedRates):
-    """P(the i-th token of a prompt-lookup continuation is accepted), by matched n-gram size and by
+    """P(the i-th token of a retrieval continuation is accepted), by match length (bucketed) and by
     whether the previous continuation was accepted at length (:func:`is_hot`; ``hot``: the output
     is copying the context, and the next continuation is likely to run long too) or not.
 
@@ -227,19 +229,23 @@ class TreePlanner:
         """A step of ``q`` query tokens spent ``seconds`` outside its forward."""
         self.host.observe(q, seconds)
 
-    def record_lookup(self, ngram: int, offered: int, accepted: int) -> None:
-        """A lookup continuation of ``offered`` tokens had its first ``accepted`` accepted."""
-        self.chain.record(ngram, offered, accepted, self.hot)
+    def record_lookup(self, match: int, offered: int, accepted: int) -> None:
+        """A continuation of ``offered`` tokens (match key ``match``) had its first ``accepted`` accepted."""
+        self.chain.record(match, offered, accepted, self.hot)
         self.hot = is_hot(offered, accepted)
 
-    def lookup_length(self, q: int, ngram: int, offset: int, available: int) -> int:
-        """How many of the ``available`` lookup tokens to add to a forward of ``q`` tokens: the prefix
-        that maximises expected tokens per second (0 when none pays).  The first ``offset`` tokens
-        of the continuation are already in the drafted tree."""
-        best_n, best_rate, gain = 0, self.expected / self.step_cost(q), 0.0
+    def lookup_length(self, q: int, match: int, offset: int, available: int,
+                      drafted: list[tuple[int, ...]] | None = None) -> int:
+        """How many of the ``available`` continuation tokens to add to a forward of ``q`` tokens: the
+        prefix that maximises expected tokens per second (0 when none pays).  ``match``: the match's
+        statistics key (``lookup.match_bucket``); the first ``offset`` tokens of the continuation are
+        already in the drafted tree; ``drafted``: the tree's nodes that were drafted (default: the
+        whole plan; fewer where blank drafts were left out)."""
+        expected = self.expected if drafted is None else 1.0 + sum(self.stats.estimate(p) for p in drafted)
+        best_n, best_rate, gain = 0, expected / self.step_cost(q), 0.0
         for n in range(1, available + 1):
-            gain += self.chain.estimate(ngram, offset + n - 1, self.hot)
-            rate = (self.expected + gain) / self.step_cost(q + n)
+            gain += self.chain.estimate(match, offset + n - 1, self.hot)
+            rate = (expected + gain) / self.step_cost(q + n)
             if rate > best_rate:
                 best_n, best_rate = n, rate
         return best_n

@@ -127,6 +127,7 @@ class TreeTensors:
     ancestors: torch.Tensor  # [q, q] bool, ancestors[i, j] = j is i or an ancestor of i
     attn_bias: torch.Tensor  # [q, q] float, 0 where ancestors else the dtype's minimum
     levels: tuple[tuple[int, int], ...]  # (start, end) node slice of each depth 1..D
+    kept: torch.Tensor | None = None  # [q] long, after ``select``: each node's index in the tree it came from
 
     @classmethod
     def build(cls, shape: TreeShape, device: torch.device, dtype: torch.dtype) -> TreeTensors:
@@ -168,13 +169,13 @@ class TreeTensors:
 
     def select(self, keep: torch.Tensor) -> "TreeTensors":
         """The nodes where ``keep [q]`` (bool, the root kept, closed under ancestors: a kept node's
-        parent is kept) as a tree of their own, in the same order; ``levels`` kept (retrieval has
-        already happened)."""
+        parent is kept) as a tree of their own, in the same order; ``kept [q']`` holds their indices
+        in this tree (retrieval has already happened: no ``levels``)."""
         idx = keep.nonzero().squeeze(1)  # [q']
         renumber = torch.cumsum(keep.long(), 0) - 1  # [q]: old index -> new
-        return TreeTensors(shape=self.shape, parents=renumber[self.parents[idx]], depths=self.depths[idx],
+        return TreeTensors(shape=None, parents=renumber[self.parents[idx]], depths=self.depths[idx],
                            ranks=self.ranks[idx], ancestors=self.ancestors[idx][:, idx],
-                           attn_bias=self.attn_bias[idx][:, idx], levels=self.levels)
+                           attn_bias=self.attn_bias[idx][:, idx], levels=(), kept=idx)
 
     def children(self) -> list[list[int]]:
         """Each node's children, by index (the root is not its own child)."""

@@ -6,12 +6,12 @@ across the prompts, with the additions switched on one at a time, in this order:
 * ``paper``: the paper's method (full shape, last write wins, no context retrieval);
 * ``+no blank drafts``: no forward tokens for drafts from rows never written;
 * ``+verified rows``: where a token occurs twice in a tree, its row is written from the committed text;
-* ``+ngram lookup``: prompt lookup's 3..1-gram continuation grafted under the root (``--lookup`` tokens);
+* ``+ngram lookup``: prompt lookup's 3..1-gram continuation grafted into the tree (``--lookup`` tokens);
 * ``+suffix retrieval``: the continuation of the longest suffix match over the whole context instead.
 
 Each row gives MAT (tokens per step), the mean forward tokens, and their ratio: tokens committed per
 forward token, what a small tree must raise.  These do not depend on the hardware (a fixed tree,
-greedy decoding), so any machine gives the same rows; outputs are checked against the first row's
+greedy decoding), so any machine gives the same rows; outputs are checked against greedy decoding's
 (every variant is lossless).  The default prompts are the calibration split: a change is justified
 there, and reported on the evaluation split (``--split eval``).
 """
@@ -83,8 +83,9 @@ def format_rows(rows: list[Row]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     from . import __main__ as bench_cli
-    from ..models import ModelLoadError, load_model
+    from ..decoders import GreedyDecoder
     from ..devices import cpu_info
+    from ..models import ModelLoadError, load_model
 
     ap = argparse.ArgumentParser(prog="python -m tr_core.bench.ablate", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -105,10 +106,10 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError(f"no prompts in {args.prompts}")
         lm = load_model(args.model, "cpu", "float32")
         ids = [lm.encode_prompt(p.text) for p in prompts]
-        rows, reference = [], None
+        reference = [GreedyDecoder(lm, args.max_new_tokens).generate(x) for x in ids]
+        rows = []
         for name, settings in VARIANTS:
             outputs, steps, forward = run_variant(lm, ids, args.tree, args.lookup, args.max_new_tokens, settings)
-            reference = reference or outputs
             same = sum(a == b for a, b in zip(outputs, reference))
             rows.append(Row(name, sum(map(len, outputs)), steps, forward, same, len(ids)))
             print(format_rows(rows[-1:]).splitlines()[-1], file=sys.stderr, flush=True)

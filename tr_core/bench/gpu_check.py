@@ -57,8 +57,7 @@ def method_makers(lm, n: int) -> dict:
     from ..decoders import ProgressiveTreeDecoder, PromptLookupDecoder, TokenRecyclingDecoder
 
     return {"tr (auto)": lambda: TokenRecyclingDecoder(lm, tree="auto", max_new_tokens=n, trace_rows=False),
-            "tr:paper-80": lambda: TokenRecyclingDecoder(lm, tree="paper-80", lookup=0, max_new_tokens=n,
-                                                         trace_rows=False),
+            "tr:paper-80": lambda: TokenRecyclingDecoder.paper(lm, "paper-80", max_new_tokens=n, trace_rows=False),
             "ptd": lambda: ProgressiveTreeDecoder(lm, n),
             "pld": lambda: PromptLookupDecoder(lm, n)}
 

@@ -49,23 +49,26 @@ class Run:
 
 
 def _tr_spec(name: str, lm: LoadedModel, tree: str | None, k: int, lookup: int | None,
-             sampling: SamplingConfig | None = None, uniform: bool = False) -> MethodSpec:
-    """``tr`` (the device default), ``tr:TREE`` (the paper's method on TREE) or ``tr:TREE+pldN``;
+             sampling: SamplingConfig | None = None, uniform: bool = False, paper: bool = False) -> MethodSpec:
+    """``tr`` (the device default), ``tr:TREE`` (``paper``: the paper's method exactly on TREE) or
+    ``tr:TREE+pldN`` (TREE with our drafting and N tokens retrieved from the context);
     ``uniform``: the auto tree's planner starts from no learnt priors (``tr:uniform``, the ablation)."""
     matrix = AdjacencyMatrix(lm.vocab_size, k, lm.device, lm.fingerprint)  # hot start across prompts
     planner = TreePlanner(lm, k=k, uniform_prior=True) if uniform else None
-    probe = TokenRecyclingDecoder(lm, tree="auto" if uniform else tree, matrix=matrix, lookup=lookup, planner=planner)
+    exact = dict(TokenRecyclingDecoder.PAPER) if paper else {"lookup": lookup}
+    probe = TokenRecyclingDecoder(lm, tree="auto" if uniform else tree, matrix=matrix, planner=planner, **exact)
     lookup, planner = probe.lookup, probe.planner
-    extra = f" + lookup {lookup}" if lookup else ""
+    exact["lookup"] = lookup
+    extra = " (the paper's method)" if paper else (f" + retrieval {lookup}" if lookup else "")
     shape = "auto" if planner is not None else probe.tree
 
     def reset() -> None:
         matrix.reset()
         if planner is not None:
             planner.reset()
-    return MethodSpec(name, lambda lm_, n: TokenRecyclingDecoder(lm_, tree=shape, matrix=matrix, lookup=lookup,
-                                                                 planner=planner, max_new_tokens=n,
-                                                                 trace_rows=False, sampling=sampling),
+    return MethodSpec(name, lambda lm_, n: TokenRecyclingDecoder(lm_, tree=shape, matrix=matrix, planner=planner,
+                                                                 max_new_tokens=n, trace_rows=False,
+                                                                 sampling=sampling, **exact),
                       tree=(f"auto (cost-aware, from paper-80{', uniform priors' if uniform else ''})" if planner else
                             f"{probe.tree.name} ({probe.tree.size} nodes)") + extra, reset=reset)
 
@@ -145,7 +148,7 @@ def parse_methods(text: str, lm: LoadedModel, tree: str | None = None, k: int = 
                 n = int(pld) if pld else 0
             except ValueError:
                 raise ValueError(f"Bad method {name!r}: use tr:TREE+pldN with N a number.") from None
-            specs.append(_tr_spec(name, lm, shape, k, n, sampling))
+            specs.append(_tr_spec(name, lm, shape, k, n, sampling, paper=not pld))
         else:
             raise ValueError(f"Unknown method {name!r}; known: greedy, hf-greedy, tr, tr:uniform, tr:TREE, tr:TREE+pldN, pld, hf-pld, hf-pld:same, ptd, ptd:paper, ptd:TxD.")
     return specs

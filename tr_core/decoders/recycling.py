@@ -1,11 +1,13 @@
 """Token Recycling (Luo et al., ACL 2025): drafts from a matrix of recycled top-k candidates.
 
 Each step, in the paper's phases:
-  1. retrieve  - BFS from the last committed token over a static tree shape, reading ``M``
-     (optionally plus a prompt-lookup continuation grafted under the root: ``lookup`` > 0)
+  1. retrieve  - BFS from the last committed token over a static tree shape, reading ``M``; nodes
+     drafted from rows never written are left out (optionally plus the continuation of the longest
+     suffix match over the context, grafted under the root: ``lookup`` > 0)
   2. forward   - root + tree in one forward with tree attention (position = prefix + depth)
   3. verify    - longest path whose tokens equal the model's argmax, plus the model's own token
-  4. update    - ``M[token] = topk(logits)`` at *every* input, accepted or not (the recycling)
+  4. update    - ``M[token] = topk(logits)`` at *every* input, accepted or not (the recycling); where a
+     token occurs twice, the row from the committed text wins
   5. prune     - keep only the accepted path's KV entries
 """
 from __future__ import annotations
@@ -44,8 +46,9 @@ class TokenRecyclingDecoder(TreeDecoder):
                  drop_blank: bool = True, retrieval: str = "suffix"):
         """``tree``: a shape, a preset name, rank paths, or ``"auto"`` (the cost-aware tree, planned by
         ``planner``, which like ``matrix`` may be shared across requests).  ``lookup``: longest
-        prompt-lookup continuation merged into each tree (0 = the paper's method alone; None = the
-        device default).  ``sampling``: lossless sampling instead of greedy decoding.
+        continuation retrieved from the context and merged into each tree (0 = none; None = the
+        default; 0 with ``drop_blank`` and ``verified_rows`` off is the paper's method alone:
+        :meth:`paper`).  ``sampling``: lossless sampling instead of greedy decoding.
         ``verified_rows``: where a token occurs twice in a tree, the row written is the one from the
         committed text (:meth:`verified_first`); False: the paper's last-write-wins.  ``drop_blank``:
         no forward tokens for drafts from rows never written (:meth:`drop_blank_drafts`); False: the
@@ -70,6 +73,14 @@ class TokenRecyclingDecoder(TreeDecoder):
             raise ValueError(f"retrieval must be one of {', '.join(RETRIEVALS)} (got {retrieval!r})")
         self.verified_rows, self.drop_blank, self.retrieve_context = verified_rows, drop_blank, RETRIEVALS[retrieval]
         self.set_tree(tree)
+
+    PAPER = dict(lookup=0, drop_blank=False, verified_rows=False)  # the settings of the paper's method exactly
+
+    @classmethod
+    def paper(cls, lm: LoadedModel, tree: TreeShape | str | list = "paper-80", **kw) -> "TokenRecyclingDecoder":
+        """The paper's method exactly, on ``tree``: the full shape every step (blank drafts included),
+        last write wins, no retrieval branch."""
+        return cls(lm, tree=tree, **cls.PAPER, **kw)
 
     def set_tree(self, tree: TreeShape | str | list | None) -> None:
         """Use another tree shape from the next step on."""
@@ -112,8 +123,8 @@ class TokenRecyclingDecoder(TreeDecoder):
         with clock.phase("retrieve"):
             tokens = self.matrix.retrieve_draft_tree(self.last, tree)  # [q]
             tokens, tree, kept = self.drop_blank_drafts(tokens, tree)
+            sources = ["root"] + self.draft_sources(tokens, tree)
         shape, grafted, offered = self.tree, 0, None
-        sources = ["root"] + ["matrix"] * (tokens.shape[0] - 1)
         if self.lookup:
             with clock.phase("lookup"):
                 tokens, tree, grafted, offered = self.graft_lookup(tokens, tree, kept)
@@ -121,7 +132,7 @@ class TokenRecyclingDecoder(TreeDecoder):
         logits, verdict, path = self.verify_tree(tokens, tree, clock)
         with clock.phase("update"):
             rows = self.matrix.recycle(tokens, logits, keep_old=self.trace_rows,
-                                       priority=self.verified_first(tokens, tree, path, verdict.bonus))
+                                       priority=self.verified_first(tokens, path))
         if self.planner is not None:
             self.plan_next(shape, kept, path, tokens, offered, clock.seconds["forward"])
         step = self.finish_tree_step(tokens, tree, sources, verdict, path, clock,
@@ -140,26 +151,32 @@ class TokenRecyclingDecoder(TreeDecoder):
         if blank is None or not bool(blank.any()):
             return tokens, tree, list(range(tokens.shape[0]))
         keep = ~blank
-        return tokens[keep], tree.select(keep), keep.nonzero().squeeze(1).tolist()
+        sub = tree.select(keep)
+        return tokens[keep], sub, sub.kept.tolist()
 
-    def verified_first(self, tokens: torch.Tensor, tree, path: list[int], bonus: torch.Tensor):
+    def draft_sources(self, tokens: torch.Tensor, tree) -> list[str]:
+        """Each draft node's source: ``"matrix"``, or ``"empty"`` where it was drafted from a row never
+        written (only where blank drafts are kept, the paper's method: else none are left)."""
+        if self.drop_blank or tokens.shape[0] == 1:
+            return ["matrix"] * (tokens.shape[0] - 1)
+        empty = self.matrix.empty_rows(tokens[tree.parents[1:]]).tolist()
+        return ["empty" if e else "matrix" for e in empty]
+
+    def verified_first(self, tokens: torch.Tensor, path: list[int]):
         """``[q]`` long write priorities for phase 4, or None for the paper's rule (last write wins).
 
-        Where a token occurs twice in the tree, the row written is the one whose logits saw the text
-        as it is: first the child of the last accepted node that holds the model's own token (its
-        logits predict the token after it, in the committed text), then the accepted path, then the
-        rest."""
+        Where a token occurs twice in the tree, the row written is the one from the accepted path
+        (root included), whose logits saw the text as it is, not one from a rejected branch."""
         if not self.verified_rows:
             return None
         priority = torch.zeros(tokens.shape[0], dtype=torch.long, device=tokens.device)
         priority[path] = 1
-        priority[(tree.parents == path[-1]) & (tokens == bonus)] = 2
-        priority[0] = 1
         return priority
 
     def graft_lookup(self, tokens: torch.Tensor, tree, kept: list[int]):
-        """Merge the retrieval continuation of the context (``tr_core.lookup.lookup_longest``) under
-        the root, skipping the part the matrix already drafted (with a planner: only as many tokens as
+        """Merge the continuation retrieved from the context (``retrieval``: the longest suffix match,
+        or prompt lookup's n-gram) into the tree: it joins the tree where the drafted tokens already
+        follow it (``graft_point``) and runs on from there (with a planner: only as many tokens as
         are expected to pay).  ``kept``: the drafted nodes' indices in the static shape.
 
         Returns (tokens [q'], tree tensors, grafted node count, what was offered: None, or the match's
@@ -172,7 +189,8 @@ class TokenRecyclingDecoder(TreeDecoder):
         offset = len(chain) - len(rest)
         key = match_bucket(match)
         if self.planner is not None:
-            rest = rest[:self.planner.lookup_length(tokens.shape[0], key, offset, len(rest))]
+            drafted = None if len(kept) == self.tree.size + 1 else [self.tree.paths[i - 1] for i in kept[1:]]
+            rest = rest[:self.planner.lookup_length(tokens.shape[0], key, offset, len(rest), drafted)]
         if not rest:
             return tokens, tree, 0, None
         grafted = torch.tensor(rest, dtype=tokens.dtype, device=tokens.device)
