@@ -169,7 +169,7 @@ def test_the_planner_picks_a_small_tree_for_float32_on_a_gpu_and_a_large_one_for
         planner = TreePlanner(dataclasses.replace(tiny_lm, cost_curve=c))
         trees[name] = (planner.tree.size, planner.expected, c)
     small, large = trees["fp32"][0], trees["bf16"][0]
-    assert 0 < small <= 24 and large >= 60 and large > 2 * small, trees
+    assert 0 < small <= 24 and large >= 48 and large > 2 * small, trees  # most of the 80 nodes
 
     def rate(size, expected, c):
         return expected / c(1 + size)

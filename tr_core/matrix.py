@@ -1,8 +1,9 @@
 """The adjacency matrix ``M``: ``M[t]`` = the top-k next tokens last seen after token ``t``.
 
 Three operations, named after the paper's phases: ``retrieve_draft_tree`` (BFS over a static
-shape, one batched gather per depth), ``recycle`` (overwrite rows from the logits of every input,
-last write wins) and persistence (``save``/``load``/``reset``) for hot start.
+shape, one batched gather per depth; ``blank_drafts`` marks what came from rows never written),
+``recycle`` (overwrite rows from the logits of every input; last write wins, or by priority) and
+persistence (``save``/``load``/``reset``) for hot start.
 """
 from __future__ import annotations
 
@@ -32,7 +33,8 @@ class RowsWritten:
 
 
 class AdjacencyMatrix:
-    """``table: [vocab, k]`` int32 token ids, zeros at start (drafts of token 0 until rows fill)."""
+    """``table: [vocab, k]`` int32 token ids, zeros at start (a row never written drafts token 0:
+    ``blank_drafts`` finds those nodes)."""
 
     def __init__(self, vocab_size: int, k: int = 8, device: torch.device | str = "cpu",
                  fingerprint: str = ""):

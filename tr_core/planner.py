@@ -3,8 +3,9 @@
     throughput(tree) = (1 + sum of p(node) over the tree's nodes) / cost(1 + |tree|)
 
 where ``p(node)`` is how often that node was accepted (online statistics by rank path, starting
-from a prior) and ``cost(q)`` the time of one forward with ``q`` query tokens on this model and
-device at the current cache length, as the machine runs it now (``tr_core.cost``).  A node counts once when accepted, so the expected tokens of a step are exactly
+from a prior) and ``cost(q)`` the time of one step with ``q`` query tokens on this model and
+device at the current cache length, as the machine runs it now (its forward, ``tr_core.cost``, and
+the host work around it).  A node counts once when accepted, so the expected tokens of a step are exactly
 1 + the sum of its nodes' acceptance probabilities.  When no tree pays, the plan is empty and a
 step is a plain one-token forward: never worse than greedy by more than noise.
 
@@ -102,7 +103,7 @@ def is_hot(offered: int, accepted: int) -> bool:
 
 
 def lookup_prior(universe: str) -> dict:
-    """``{(ngram, hot, i): rate}`` stored beside ``universe`` by ``python -m tr_core.bench.calibrate``
+    """``{(match, hot, i): rate}`` (``match``: the match-length key) stored beside ``universe`` by ``python -m tr_core.bench.calibrate``
     (``"lookup_acceptance"``); empty where there is none."""
     table = preset_data(universe).get("lookup_acceptance", {})
     return {(int(n), state == "hot", i): r for n, by_state in table.items() for state, rates in by_state.items()
@@ -122,24 +123,24 @@ class ChainStats(DecayedRates):
     prior: dict = field(default_factory=dict)
     weight: float = 8.0
     decay: float = 0.97
-    trials: dict[tuple[int, bool, int], float] = field(default_factory=dict)
+    trials: dict[tuple[int, bool, int], float] = field(default_factory=dict)  # by (match, hot, i)
     hits: dict[tuple[int, bool, int], float] = field(default_factory=dict)
 
-    def record(self, ngram: int, offered: int, accepted: int, hot: bool = False) -> None:
-        self.count([(ngram, hot, i) for i in range(offered)],
-                   [(ngram, hot, i) for i in range(min(accepted, offered))])
+    def record(self, match: int, offered: int, accepted: int, hot: bool = False) -> None:
+        self.count([(match, hot, i) for i in range(offered)],
+                   [(match, hot, i) for i in range(min(accepted, offered))])
 
-    def estimate(self, ngram: int, i: int, hot: bool = False) -> float:
-        key = (ngram, hot, i)
+    def estimate(self, match: int, i: int, hot: bool = False) -> float:
+        key = (match, hot, i)
         prior = self.prior.get(key)
         if prior is None:
-            prior = self.PRIOR_RATE.get(ngram, 0.35) ** (i + 1)
+            prior = self.PRIOR_RATE.get(match, 0.35) ** (i + 1)
         return self.rate(key, prior)
 
 
 def plan_tree(universe: TreeShape, estimate, cost, extra: int = 0, min_nodes: int = 0) -> tuple[TreeShape, float]:
     """Best-first growth from the root by estimated acceptance; keep the size with the best throughput
-    (``cost(q)``: seconds of a forward of ``q`` tokens), at least ``min_nodes`` nodes.
+    (``cost(q)``: seconds of a step of ``q`` query tokens), at least ``min_nodes`` nodes.
 
     Returns the tree and its expected committed tokens per step (1 + sum of the nodes' estimates).
     """

@@ -131,9 +131,10 @@ def step_from_dict(d: dict, index: int) -> Step:
     timings = {str(k): float(v) for k, v in d["timings"].items()}
     draft = _tree(d["draft_tree"]) if d.get("draft_tree") else None
     _need(int(d["index"]) == index, "index")
+    _need(int(d.get("blank_drafts", 0)) >= 0, "blank_drafts")
     return Step(index, str(d["method"]), tree, path, _ints(d["committed"]), choices, rows,
                 int(d["forward_tokens"]), int(d["cache_length"]), timings, bool(d.get("done", False)),
-                bool(d.get("sampled", False)), draft, blank_drafts=max(int(d.get("blank_drafts", 0)), 0),
+                bool(d.get("sampled", False)), draft, blank_drafts=int(d.get("blank_drafts", 0)),
                 wall=None if d.get("wall") is None else float(d["wall"]))
 
 

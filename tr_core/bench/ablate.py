@@ -96,8 +96,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tree", default="paper-80", help="a fixed tree (preset, chain-N or JSON file)")
     ap.add_argument("--lookup", type=int, default=24, help="continuation tokens grafted in the lookup rows")
     ap.add_argument("--model", default=None)
+    ap.add_argument("--variants", default=None, help="comma list of the rows to run (default: all, in order)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
+    names = [name for name, _ in VARIANTS]
+    chosen = names if args.variants is None else [v.strip() for v in args.variants.split(",") if v.strip()]
+    if not chosen or any(v not in names for v in chosen):
+        ap.error(f"--variants takes names among: {', '.join(names)}")
     if args.limit < 1 or args.max_new_tokens < 1 or args.lookup < 1:
         ap.error("--limit, --max-new-tokens and --lookup must be at least 1")
     try:
@@ -108,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
         ids = [lm.encode_prompt(p.text) for p in prompts]
         reference = [GreedyDecoder(lm, args.max_new_tokens).generate(x) for x in ids]
         rows = []
-        for name, settings in VARIANTS:
+        for name, settings in (v for v in VARIANTS if v[0] in chosen):
             outputs, steps, forward = run_variant(lm, ids, args.tree, args.lookup, args.max_new_tokens, settings)
             same = sum(a == b for a, b in zip(outputs, reference))
             rows.append(Row(name, sum(map(len, outputs)), steps, forward, same, len(ids)))

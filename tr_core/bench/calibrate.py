@@ -10,10 +10,10 @@ category, ``--offset 10``; the bench reports the first 10, ``--split eval``):
   smoothed by half a hit (never exactly 0);
 * the ``tr-N`` presets: the N nodes with the highest rates, grown best-first (a parent before its
   children), so each is a sub-tree of the paper's;
-* the prompt-lookup prior (``"lookup_acceptance"`` in ``paper-80.json``): P(the i-th token of a
-  continuation is accepted) by matched n-gram size and by whether the previous lookup step's
+* the retrieval prior (``"lookup_acceptance"`` in ``paper-80.json``): P(the i-th token of a
+  continuation is accepted) by match length (``tr_core.lookup.MATCH_BUCKETS``) and by whether the previous lookup step's
   continuation was accepted at length (``hot``, the text is being copied: ``planner.is_hot``) or
-  not (``cold``), from prompt lookup decoding replayed on the greedy outputs (lossless, so TR's outputs
+  not (``cold``), from the retrieval (``lookup_longest``) replayed on the greedy outputs (lossless, so TR's outputs
   are greedy's).  ``--only lookup`` re-derives this one alone, from greedy decoding.
 
 ``--write`` stores them in ``tr_core/tree_presets`` with the command and split in each file's
@@ -62,7 +62,7 @@ def tree_acceptance(lm, prompts: list[list[int]], universe: TreeShape, max_new_t
     hits, steps, outputs = [0] * universe.size, 0, []
     for ids in prompts:
         dec = TokenRecyclingDecoder(lm, tree=universe, matrix=matrix, lookup=0, max_new_tokens=max_new_tokens,
-                                    trace_rows=False, drop_blank=False)  # every node drafted: indices = the shape's
+                                    trace_rows=False, drop_blank=False)  # every node drafted: the shape's indices
         outputs.append(dec.generate(ids))
         for step in dec.steps:
             steps += 1

@@ -57,9 +57,10 @@ def compiled_curve(lm, sizes, repeats: int, reference: list[int]):
 
     from ..decoders import GreedyDecoder
 
-    try:
-        import torch._inductor.config as inductor
+    import torch._inductor.config as inductor
 
+    frozen = inductor.freezing
+    try:
         inductor.freezing = True
         model = torch.compile(lm.model, dynamic=True)
         clm = dataclasses.replace(lm, model=model)
@@ -71,6 +72,8 @@ def compiled_curve(lm, sizes, repeats: int, reference: list[int]):
         return curve(clm, sizes, repeats), f"compiled in {warm:.0f} s"
     except Exception as err:  # Inductor needs a C++ compiler and can fail in many ways
         return None, f"torch.compile failed here ({type(err).__name__}: {str(err).splitlines()[0][:120]})"
+    finally:
+        inductor.freezing = frozen
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -98,15 +101,19 @@ def main(argv: list[str] | None = None) -> int:
         if state is None and name != "plain":
             notes[name] = "no packed layers on this CPU"
             continue
-        rows[name] = curve(lm, sizes, args.repeats)
-        restore(state)
+        try:
+            rows[name] = curve(lm, sizes, args.repeats)
+        finally:
+            restore(state)
     if args.compile:
         state = with_choice(lm, False)  # Inductor takes plain weights; it packs them itself
-        reference = GreedyDecoder(lm, 12).generate(lm.encode_prompt("The capital of France is"))
-        timed, notes["compiled"] = compiled_curve(lm, sizes, args.repeats, reference)
+        try:
+            reference = GreedyDecoder(lm, 12).generate(lm.encode_prompt("The capital of France is"))
+            timed, notes["compiled"] = compiled_curve(lm, sizes, args.repeats, reference)
+        finally:
+            restore(state)
         if timed is not None:
             rows["compiled"] = timed
-        restore(state)
     info = cpu_info()
     print(f"{lm.name}, float32, forward of q tokens over a 128-token cache, median of {args.repeats}; "
           f"CPU {info.get('model')} ({info.get('torch_isa')}, {info.get('threads')} threads)")
