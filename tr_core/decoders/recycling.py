@@ -3,7 +3,7 @@
 Each step, in the paper's phases:
   1. retrieve  - BFS from the last committed token over a static tree shape, reading ``M``; nodes
      drafted from rows never written are left out (optionally plus the continuation of the longest
-     suffix match over the context, grafted under the root: ``lookup`` > 0)
+     suffix match over the context, joined to the tree where its tokens are drafted: ``lookup`` > 0)
   2. forward   - root + tree in one forward with tree attention (position = prefix + depth)
   3. verify    - longest path whose tokens equal the model's argmax, plus the model's own token
   4. update    - ``M[token] = topk(logits)`` at *every* input, accepted or not (the recycling); where a
@@ -13,6 +13,7 @@ Each step, in the paper's phases:
 from __future__ import annotations
 
 import time
+from typing import ClassVar
 
 import torch
 
@@ -74,10 +75,10 @@ class TokenRecyclingDecoder(TreeDecoder):
         self.verified_rows, self.drop_blank, self.retrieve_context = verified_rows, drop_blank, RETRIEVALS[retrieval]
         self.set_tree(tree)
 
-    PAPER = dict(lookup=0, drop_blank=False, verified_rows=False)  # the settings of the paper's method exactly
+    PAPER: ClassVar[dict] = {"lookup": 0, "drop_blank": False, "verified_rows": False}  # the paper's method exactly
 
     @classmethod
-    def paper(cls, lm: LoadedModel, tree: TreeShape | str | list = "paper-80", **kw) -> "TokenRecyclingDecoder":
+    def paper(cls, lm: LoadedModel, tree: TreeShape | str | list = "paper-80", **kw) -> TokenRecyclingDecoder:
         """The paper's method exactly, on ``tree``: the full shape every step (blank drafts included),
         last write wins, no retrieval branch."""
         return cls(lm, tree=tree, **cls.PAPER, **kw)
@@ -125,16 +126,17 @@ class TokenRecyclingDecoder(TreeDecoder):
             tokens, tree, kept = self.drop_blank_drafts(tokens, tree)
             sources = ["root"] + self.draft_sources(tokens, tree)
         shape, grafted, offered = self.tree, 0, None
+        drafted = [shape.paths[i - 1] for i in kept[1:]] if self.planner is not None else None  # rank paths
         if self.lookup:
             with clock.phase("lookup"):
-                tokens, tree, grafted, offered = self.graft_lookup(tokens, tree, kept)
+                tokens, tree, grafted, offered = self.graft_lookup(tokens, tree, kept, drafted)
             sources += ["lookup"] * grafted
         logits, verdict, path = self.verify_tree(tokens, tree, clock)
         with clock.phase("update"):
             rows = self.matrix.recycle(tokens, logits, keep_old=self.trace_rows,
                                        priority=self.verified_first(tokens, path))
         if self.planner is not None:
-            self.plan_next(shape, kept, path, tokens, offered, clock.seconds["forward"])
+            self.plan_next(shape, kept, drafted, path, tokens, offered, clock.seconds["forward"])
         step = self.finish_tree_step(tokens, tree, sources, verdict, path, clock,
                                      _row_updates(rows) if self.trace_rows else None)
         step.blank_drafts = shape.size + 1 - len(kept)
@@ -173,11 +175,12 @@ class TokenRecyclingDecoder(TreeDecoder):
         priority[path] = 1
         return priority
 
-    def graft_lookup(self, tokens: torch.Tensor, tree, kept: list[int]):
+    def graft_lookup(self, tokens: torch.Tensor, tree, kept: list[int], drafted: list | None = None):
         """Merge the continuation retrieved from the context (``retrieval``: the longest suffix match,
         or prompt lookup's n-gram) into the tree: it joins the tree where the drafted tokens already
         follow it (``graft_point``) and runs on from there (with a planner: only as many tokens as
-        are expected to pay).  ``kept``: the drafted nodes' indices in the static shape.
+        are expected to pay).  ``kept``: the drafted nodes' indices in the static shape, ``drafted``
+        their rank paths (with a planner).
 
         Returns (tokens [q'], tree tensors, grafted node count, what was offered: None, or the match's
         statistics key and the continuation's tokens as far as they are drafted)."""
@@ -189,19 +192,20 @@ class TokenRecyclingDecoder(TreeDecoder):
         offset = len(chain) - len(rest)
         key = match_bucket(match)
         if self.planner is not None:
-            drafted = None if len(kept) == self.tree.size + 1 else [self.tree.paths[i - 1] for i in kept[1:]]
-            rest = rest[:self.planner.lookup_length(tokens.shape[0], key, offset, len(rest), drafted)]
+            pruned = len(kept) < self.tree.size + 1  # else the plan's own expectation holds
+            rest = rest[:self.planner.lookup_length(tokens.shape[0], key, offset, len(rest),
+                                                    drafted if pruned else None)]
         if not rest:
             return tokens, tree, 0, None
         grafted = torch.tensor(rest, dtype=tokens.dtype, device=tokens.device)
         return (torch.cat([tokens, grafted]), tree.graft_chain(attach, len(rest)), len(rest),
                 (key, chain[:offset + len(rest)]))
 
-    def plan_next(self, shape: TreeShape, kept: list[int], path: list[int], tokens: torch.Tensor,
+    def plan_next(self, shape: TreeShape, kept: list[int], drafted: list, path: list[int], tokens: torch.Tensor,
                   offered: tuple[int, list[int]] | None, forward_seconds: float) -> None:
-        """Feed this step's acceptance (the drafted nodes of ``shape``, ``kept``; lookup tokens
-        ``offered``) and forward time to the planner; switch trees when it re-plans."""
-        drafted = [shape.paths[i - 1] for i in kept[1:]]
+        """Feed this step's acceptance (the drafted nodes of ``shape``: ``kept`` by index, ``drafted``
+        by rank path; lookup tokens ``offered``) and forward time to the planner; switch trees when it
+        re-plans."""
         accepted = [shape.paths[kept[i] - 1] for i in path[1:] if i < len(kept)]
         if offered is not None:
             key, chain = offered
