@@ -110,16 +110,18 @@ def test_bench_command_writes_json_csv_and_chart(tmp_path, tiny_lm, capsys):
     f = tmp_path / "q.jsonl"
     write_prompts(f)
     out = tmp_path / "out.json"
-    rc = main(["--prompts", str(f), "--limit", "2", "--methods", "greedy,tr:tr-16,tr:chain-3+pld4,pld,hf-pld,hf-pld:same",
+    rc = main(["--prompts", str(f), "--limit", "2", "--methods", "greedy,tr:tr-16,tr:chain-3+pld4,tr:best12,pld,hf-pld,hf-pld:same",
                "--max-new-tokens", "12", "--model", str(folder), "--json", str(out), "--csv", str(tmp_path / "o.csv"),
                "--chart", str(tmp_path / "chart.html"), "--quiet", "--warmup", "1", "--save-runs", str(tmp_path / "runs")])
     assert rc == 0
     summary = json.loads(out.read_text())
     saved = sorted(x.name.split("-", 1)[1] for x in (tmp_path / "runs").iterdir())  # step decoders only
-    assert saved == sorted(["tr:tr-16.json", "tr:chain-3+pld4.json", "pld.json"] * 4)
+    assert saved == sorted(["tr:tr-16.json", "tr:chain-3+pld4.json", "tr:best12.json", "pld.json"] * 4)
     methods = summary["methods"]
-    assert list(methods) == ["greedy", "greedy-aa", "hf-greedy", "tr:tr-16", "tr:chain-3+pld4", "pld", "hf-pld",
-                             "hf-pld:same"]
+    assert list(methods) == ["greedy", "greedy-aa", "hf-greedy", "tr:tr-16", "tr:chain-3+pld4", "tr:best12", "pld",
+                             "hf-pld", "hf-pld:same"]
+    assert methods["tr:best12"]["mean_forward_tokens"] <= 13.0  # the budget: 12 draft nodes and the root
+    assert summary["meta"]["trees"]["tr:best12"].startswith("the best 12 draft nodes a step")
     for name, m in methods.items():
         assert m["identical"] == 1.0, name
         assert m["prompts"] == 4 and m["new_tokens"] > 0
@@ -136,7 +138,7 @@ def test_bench_command_writes_json_csv_and_chart(tmp_path, tiny_lm, capsys):
     assert "same model" in trees["hf-pld:same"]  # prompt lookup on our kernels: the algorithms compared alone
     assert summary["versus"] == {}  # no plain "tr" row in this run: nothing to read head to head
     rows = list(csv.DictReader(open(tmp_path / "o.csv")))
-    assert {r["category"] for r in rows} == {"overall", "mt_bench", "qa"} and len(rows) == 8 * 3
+    assert {r["category"] for r in rows} == {"overall", "mt_bench", "qa"} and len(rows) == 9 * 3
     assert (tmp_path / "chart.html").stat().st_size > 1000
     printed = capsys.readouterr().out
     assert "speedup" in printed and "mt_bench" in printed
@@ -299,7 +301,8 @@ def test_bench_reads_tr_against_prompt_lookup_and_refuses_bad_settings(tmp_path,
     versus = json.loads(out.read_text())["versus"]["tr / pld"]
     assert set(versus["per_category"]) == {"mt_bench", "qa"} and versus["worst"][0] in versus["per_category"]
     assert "tr / pld:" in capsys.readouterr().out
-    for bad in (["--methods", "tr,tr"], ["--methods", "pld:3"], ["--methods", "hf-pld:other"]):
+    for bad in (["--methods", "tr,tr"], ["--methods", "pld:3"], ["--methods", "hf-pld:other"], ["--methods", "tr:best"],
+                ["--methods", "tr:best0"]):
         assert main([*common, *bad]) == 2
         assert "error" in capsys.readouterr().err
     for bad in (["--warmup", "-1"], ["--offset", "-2"], ["--temperature", "-0.5"], ["--k", "0"], ["--lookup", "-1"]):

@@ -257,3 +257,25 @@ def test_the_papers_method_and_the_ngram_retrieval_stay_lossless(tiny_lm):
     assert ngram.generate(ids) == reference_greedy(tiny_lm, ids, 30)
     with pytest.raises(ValueError, match="retrieval"):
         TokenRecyclingDecoder(tiny_lm, retrieval="bm25")
+
+
+@pytest.mark.parametrize("budget", [1, 12, 80])
+def test_a_node_budget_is_never_exceeded_and_stays_lossless(tiny_lm, budget):
+    """``node_budget``: the paper's tree drafted in full, then its best nodes and the retrieved copy
+    share the budget: no step's forward holds more, and a copy gets nodes where it is likely."""
+    matrix = AdjacencyMatrix(tiny_lm.vocab_size, 8, fingerprint=tiny_lm.fingerprint)
+    lookups = 0
+    for ids in PROMPTS:
+        dec = TokenRecyclingDecoder(tiny_lm, matrix=matrix, max_new_tokens=40, lookup=12, node_budget=budget)
+        assert dec.generate(ids) == reference_greedy(tiny_lm, ids, 40)
+        for step in dec.steps:
+            t = step.tree
+            assert step.forward_tokens == len(t.tokens) <= budget + 1
+            assert all(p < i for i, p in enumerate(t.parents[1:], 1))
+            assert all(t.tokens[b] == step.model_choices[a] for a, b in zip(step.accepted_path, step.accepted_path[1:]))
+            n = t.sources.count("lookup")
+            assert len(t.sources) == len(t.tokens) and t.sources[len(t.sources) - n:] == ["lookup"] * n
+            lookups += "lookup" in t.sources
+    assert lookups > 0 or budget == 1  # the repeating prompts are copied (one node: the tree's first may win)
+    with pytest.raises(ValueError, match="node_budget"):
+        TokenRecyclingDecoder(tiny_lm, node_budget=0)

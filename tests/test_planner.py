@@ -278,3 +278,31 @@ def test_a_planner_on_text_its_drafts_miss_falls_back_to_no_tree_within_a_few_st
         sizes.append(planner.tree.size)
     assert sizes[15] == 0  # within 16 steps
     assert sum(s == 0 for s in sizes[16:]) >= 16  # then mostly no tree, bar the exploring plans
+
+
+def test_a_node_budget_keeps_the_likeliest_nodes_parent_first_and_a_copy_competes_with_the_tree():
+    from tr_core.planner import allocate
+
+    #        0
+    #      1   2        node estimates: 1: .5, 2: .2, 3 (under 1): .4, 4 (under 2): .9
+    #      3   4        a chain 5-6-7 under node 1: .45, .3, .1
+    parents = [0, 0, 0, 1, 2, 1, 5, 6]
+    est = [.5, .2, .4, .9, .45, .3, .1]
+    assert allocate(est, parents, 1) == [0, 1]
+    assert allocate(est, parents, 3) == [0, 1, 3, 5]  # the chain's first token beats node 2
+    assert allocate(est, parents, 4) == [0, 1, 3, 5, 6]
+    assert allocate(est, parents, 5) == [0, 1, 2, 3, 5, 6]
+    assert allocate(est, parents, 6) == [0, 1, 2, 3, 4, 5, 6]  # node 4 (.9) only after its parent (.2)
+    assert allocate(est, parents, 100) == list(range(8))
+    for budget in range(8):
+        kept = allocate(est, parents, budget)
+        assert len(kept) == budget + 1 and all(parents[i] in kept for i in kept[1:])
+
+
+def test_under_a_node_budget_the_plan_is_the_whole_universe_at_any_cost(tiny_lm):
+    from tr_core.planner import TreePlanner
+
+    planner = TreePlanner(tiny_lm, budget=80)
+    planner.cost = CostCurve([1, 100, 200], [1.0, 50.0, 100.0])  # extra tokens dear: a cost-aware plan is tiny
+    planner.reset()
+    assert planner.tree.size == planner.universe.size

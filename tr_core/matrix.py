@@ -43,6 +43,7 @@ class AdjacencyMatrix:
         self.table = torch.zeros(vocab_size, k, dtype=torch.int32, device=device)
         self.fingerprint = fingerprint
         self.writes = 0  # rows written since the last reset (a hot-start indicator)
+        self.note = ""  # where its rows came from, in words (kept in its file: e.g. how it was warmed)
 
     @property
     def k(self) -> int:
@@ -58,7 +59,7 @@ class AdjacencyMatrix:
 
     def reset(self) -> None:
         self.table.zero_()
-        self.writes = 0
+        self.writes, self.note = 0, ""
 
     def to(self, device) -> "AdjacencyMatrix":
         """A copy on ``device`` (itself where it is there already): how a hot-start matrix crosses
@@ -68,7 +69,7 @@ class AdjacencyMatrix:
         if same_device(self.table.device, device):
             return self
         m = AdjacencyMatrix.__new__(AdjacencyMatrix)
-        m.table, m.fingerprint, m.writes = self.table.to(device), self.fingerprint, self.writes
+        m.table, m.fingerprint, m.writes, m.note = self.table.to(device), self.fingerprint, self.writes, self.note
         return m
 
     # ---- phase 1: retrieve -------------------------------------------------------------
@@ -136,7 +137,7 @@ class AdjacencyMatrix:
 
         path = Path(path)
         meta = {"format": FORMAT, "fingerprint": self.fingerprint, "vocab_size": str(self.vocab_size),
-                "k": str(self.k), "model": model_name}
+                "k": str(self.k), "model": model_name, "note": self.note}
         fd, tmp = tempfile.mkstemp(dir=path.parent if str(path.parent) else ".", suffix=".tmp")
         os.close(fd)
         try:
@@ -170,5 +171,5 @@ class AdjacencyMatrix:
             raise MatrixFileError("The matrix file holds invalid token ids.")
         out = cls(vocab_size, table.shape[1], device, fingerprint)
         out.table.copy_(table)
-        out.writes = int((table != 0).any(1).sum())
+        out.writes, out.note = int((table != 0).any(1).sum()), str(meta.get("note", ""))
         return out

@@ -164,6 +164,27 @@ def plan_tree(universe: TreeShape, estimate, cost, extra: int = 0, min_nodes: in
     return universe.subtree(picked, name=f"auto-{best_n}"), 1.0 + best_gain
 
 
+def allocate(estimates: list[float], parents: list[int], budget: int) -> list[int]:
+    """A step's ``budget`` draft nodes, the best by estimated acceptance: best-first from the root
+    over a candidate tree (node ``i`` > 0: ``estimates[i - 1]``, parent ``parents[i]``; parents
+    precede children).  Every node counts once when accepted, so the kept set has the largest
+    expected tokens of the parent-closed sets grown this way.
+
+    Returns the kept nodes, root first, in order."""
+    children: dict[int, list[int]] = {}
+    for i in range(1, len(parents)):
+        children.setdefault(parents[i], []).append(i)
+    frontier = [(-estimates[c - 1], c) for c in children.get(0, [])]
+    heapq.heapify(frontier)
+    kept = [0]
+    while frontier and len(kept) <= budget:
+        _, i = heapq.heappop(frontier)
+        kept.append(i)
+        for c in children.get(i, []):
+            heapq.heappush(frontier, (-estimates[c - 1], c))
+    return sorted(kept)
+
+
 class TreePlanner:
     """Re-plans the tree every ``every`` steps from the acceptance seen lately and the forward costs
     seen lately, at the current cache length.
@@ -176,10 +197,13 @@ class TreePlanner:
     EXPLORE_NODES = 4
 
     def __init__(self, lm, universe: str = "paper-80", every: int = 4, k: int = 8, explore: int = 8,
-                 uniform_prior: bool = False):
+                 uniform_prior: bool = False, budget: int | None = None):
         """Plans sub-trees of ``universe`` that use only ranks below ``k``; ``uniform_prior``: start from
-        the same acceptance for every node and the geometric lookup prior (the "no priors" ablation)."""
-        self.universe_name = universe
+        the same acceptance for every node and the geometric lookup prior (the "no priors" ablation).
+        ``budget``: a fixed number of draft nodes a step instead of the cost model (a GPU's budget,
+        where extra tokens are nearly free): the plan is then the whole universe, and each step keeps
+        its best ``budget`` nodes of the drafted tree and the retrieved continuation (:func:`allocate`)."""
+        self.universe_name, self.budget = universe, budget
         full = load_tree(universe)
         self.universe = full.subtree([p for p in full.paths if max(p) < k], name=universe)
         self.cost = cost_curve_for(lm)  # reset() takes this planner's own copy to refit
@@ -223,7 +247,10 @@ class TreePlanner:
 
     def step_cost(self, q: int) -> float:
         """Seconds of a step of ``q`` query tokens at the cache length last seen: its forward, and
-        the host work around it (``HostCost``, measured on this machine's steps)."""
+        the host work around it (``HostCost``, measured on this machine's steps).  Under a node
+        ``budget``, every size costs the same: the plan is the whole universe."""
+        if self.budget is not None:
+            return 1.0
         return self.cost(q, self.cache) + self.host(q)
 
     def record_host(self, q: int, seconds: float) -> None:

@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--methods", default="greedy,tr",
                     help="comma list (greedy, its A/A copy and hf-greedy always run): tr (device default), tr:uniform "
-                         "(no learnt priors), tr:TREE (the paper's method exactly on TREE), tr:TREE+pldN (TREE, our drafting, N tokens retrieved from the context), pld, hf-pld, "
+                         "(no learnt priors), tr:TREE (the paper's method exactly on TREE), tr:TREE+pldN (TREE, our drafting, N tokens retrieved from the context), tr:bestN (the best N draft nodes a step, tree and retrieval together: a GPU's budget), pld, hf-pld, "
                          "hf-pld:same, ptd (cost-aware on CPU), ptd:paper, ptd:TxD")
     ap.add_argument("--tree", default=None, help="tree for plain 'tr' (preset, chain-N or JSON file)")
     ap.add_argument("--lookup", type=int, default=None,

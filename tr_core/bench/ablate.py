@@ -7,7 +7,10 @@ across the prompts, with the additions switched on one at a time, in this order:
 * ``+no blank drafts``: no forward tokens for drafts from rows never written;
 * ``+verified rows``: where a token occurs twice in a tree, its row is written from the committed text;
 * ``+ngram lookup``: prompt lookup's 3..1-gram continuation grafted into the tree (``--lookup`` tokens);
-* ``+suffix retrieval``: the continuation of the longest suffix match over the whole context instead.
+* ``+suffix retrieval``: the continuation of the longest suffix match over the whole context instead;
+* ``+best nodes a step``: the same budget (``--tree``'s nodes + ``--lookup``) filled each step with the
+  best nodes of the paper's 80 and the continuation by estimated acceptance, rather than a fixed tree
+  plus a continuation (``node_budget``: blank drafts and unlikely deep nodes give way to a long copy).
 
 Each row gives MAT (tokens per step), the mean forward tokens, and their ratio: tokens committed per
 forward token, what a small tree must raise.  These do not depend on the hardware (a fixed tree,
@@ -30,6 +33,7 @@ VARIANTS = (
     ("+verified rows", dict(drop_blank=True, verified_rows=True, lookup=0)),
     ("+ngram lookup", dict(drop_blank=True, verified_rows=True, retrieval="ngram")),
     ("+suffix retrieval", dict(drop_blank=True, verified_rows=True, retrieval="suffix")),
+    ("+best nodes a step", dict(drop_blank=True, verified_rows=True, retrieval="suffix", node_budget="tree")),
 )
 
 
@@ -63,6 +67,9 @@ def run_variant(lm, prompts: list[list[int]], tree: str, lookup: int, max_new_to
 
     matrix = AdjacencyMatrix(lm.vocab_size, 8, lm.device, lm.fingerprint)
     settings = {"lookup": lookup, **settings}
+    if settings.get("node_budget") == "tree":  # the fixed tree's budget: its nodes + the continuation's
+        from ..trees import load_tree
+        settings["node_budget"] = load_tree(tree).size + lookup
     outputs, steps, forward = [], 0, 0
     for ids in prompts:
         dec = TokenRecyclingDecoder(lm, tree=tree, matrix=matrix, max_new_tokens=max_new_tokens, trace_rows=False,

@@ -49,18 +49,23 @@ class Run:
 
 
 def _tr_spec(name: str, lm: LoadedModel, tree: str | None, k: int, lookup: int | None,
-             sampling: SamplingConfig | None = None, uniform: bool = False, paper: bool = False) -> MethodSpec:
-    """``tr`` (the device default), ``tr:TREE`` (``paper``: the paper's method exactly on TREE) or
-    ``tr:TREE+pldN`` (TREE with our drafting and N tokens retrieved from the context);
+             sampling: SamplingConfig | None = None, uniform: bool = False, paper: bool = False,
+             budget: int | None = None) -> MethodSpec:
+    """``tr`` (the device default), ``tr:TREE`` (``paper``: the paper's method exactly on TREE),
+    ``tr:TREE+pldN`` (TREE with our drafting and N tokens retrieved from the context) or ``tr:bestN``
+    (``budget``: the best N draft nodes a step, tree and retrieval together, a GPU's fixed budget);
     ``uniform``: the auto tree's planner starts from no learnt priors (``tr:uniform``, the ablation)."""
     matrix = AdjacencyMatrix(lm.vocab_size, k, lm.device, lm.fingerprint)  # hot start across prompts
-    planner = TreePlanner(lm, k=k, uniform_prior=True) if uniform else None
-    exact = dict(TokenRecyclingDecoder.PAPER) if paper else {"lookup": lookup}
+    planner = TreePlanner(lm, k=k, uniform_prior=uniform, budget=budget) if uniform or budget else None
+    exact = dict(TokenRecyclingDecoder.PAPER) if paper else {"lookup": lookup, "node_budget": budget}
     probe = TokenRecyclingDecoder(lm, tree="auto" if uniform else tree, matrix=matrix, planner=planner, **exact)
     lookup, planner = probe.lookup, probe.planner
     exact["lookup"] = lookup
     extra = " (the paper's method)" if paper else (f" + retrieval {lookup}" if lookup else "")
     shape = "auto" if planner is not None else probe.tree
+    label = (f"the best {budget} draft nodes a step, of paper-80's and the retrieval's" if budget else
+             f"auto (cost-aware, from paper-80{', uniform priors' if uniform else ''})" if planner else
+             f"{probe.tree.name} ({probe.tree.size} nodes)")
 
     def reset() -> None:
         matrix.reset()
@@ -69,8 +74,7 @@ def _tr_spec(name: str, lm: LoadedModel, tree: str | None, k: int, lookup: int |
     return MethodSpec(name, lambda lm_, n: TokenRecyclingDecoder(lm_, tree=shape, matrix=matrix, planner=planner,
                                                                  max_new_tokens=n, trace_rows=False,
                                                                  sampling=sampling, **exact),
-                      tree=(f"auto (cost-aware, from paper-80{', uniform priors' if uniform else ''})" if planner else
-                            f"{probe.tree.name} ({probe.tree.size} nodes)") + extra, reset=reset)
+                      tree=label + extra, reset=reset)
 
 
 def _ptd_spec(name: str, arg: str, lm: LoadedModel, sampling: SamplingConfig | None = None) -> MethodSpec:
@@ -142,6 +146,14 @@ def parse_methods(text: str, lm: LoadedModel, tree: str | None = None, k: int = 
             continue
         if base == "tr" and arg in ("", "uniform"):
             specs.append(_tr_spec(name, lm, tree, k, lookup, sampling, uniform=arg == "uniform"))
+        elif base == "tr" and arg.startswith("best"):
+            try:
+                budget = int(arg[4:])
+            except ValueError:
+                raise ValueError(f"Bad method {name!r}: use tr:bestN with N a number of draft nodes.") from None
+            if budget < 1:
+                raise ValueError(f"Bad method {name!r}: the budget must be at least 1 draft node.")
+            specs.append(_tr_spec(name, lm, "auto", k, lookup, sampling, budget=budget))
         elif base == "tr":
             shape, _, pld = arg.partition("+pld")
             try:
@@ -150,7 +162,7 @@ def parse_methods(text: str, lm: LoadedModel, tree: str | None = None, k: int = 
                 raise ValueError(f"Bad method {name!r}: use tr:TREE+pldN with N a number.") from None
             specs.append(_tr_spec(name, lm, shape, k, n, sampling, paper=not pld))
         else:
-            raise ValueError(f"Unknown method {name!r}; known: greedy, hf-greedy, tr, tr:uniform, tr:TREE, tr:TREE+pldN, pld, hf-pld, hf-pld:same, ptd, ptd:paper, ptd:TxD.")
+            raise ValueError(f"Unknown method {name!r}; known: greedy, hf-greedy, tr, tr:uniform, tr:TREE, tr:TREE+pldN, tr:bestN, pld, hf-pld, hf-pld:same, ptd, ptd:paper, ptd:TxD.")
     return specs
 
 

@@ -20,7 +20,7 @@ import torch
 from ..lookup import graft_point, lookup_longest, lookup_with_ngram, match_bucket
 from ..matrix import AdjacencyMatrix
 from ..models import LoadedModel
-from ..planner import TreePlanner
+from ..planner import TreePlanner, allocate
 from ..sampling import SamplingConfig
 from ..trace import RowUpdate, Step
 from ..trees import TreeShape, load_tree
@@ -44,7 +44,7 @@ class TokenRecyclingDecoder(TreeDecoder):
                  matrix: AdjacencyMatrix | None = None, max_new_tokens: int = 128, trace_rows: bool = True,
                  lookup: int | None = None, planner: TreePlanner | None = None,
                  sampling: SamplingConfig | None = None, verified_rows: bool = True,
-                 drop_blank: bool = True, retrieval: str = "suffix"):
+                 drop_blank: bool = True, retrieval: str = "suffix", node_budget: int | None = None):
         """``tree``: a shape, a preset name, rank paths, or ``"auto"`` (the cost-aware tree, planned by
         ``planner``, which like ``matrix`` may be shared across requests).  ``lookup``: longest
         continuation retrieved from the context and merged into each tree (0 = none; None = the
@@ -55,12 +55,18 @@ class TokenRecyclingDecoder(TreeDecoder):
         no forward tokens for drafts from rows never written (:meth:`drop_blank_drafts`); False: the
         paper's full shape.  ``retrieval``: ``"suffix"`` (the longest suffix match over the whole
         context) or ``"ngram"`` (prompt lookup's 3..1-gram) for the grafted continuation.
-        The three ``False``/``"ngram"`` settings are the ablations of ``python -m tr_core.bench.ablate``."""
+        The three ``False``/``"ngram"`` settings are the ablations of ``python -m tr_core.bench.ablate``.
+        ``node_budget``: at most this many draft nodes a step, tree and continuation together, the
+        best by the planner's estimates (a GPU's fixed budget, e.g. the paper's 80); the tree is then
+        ``"auto"``'s universe, drafted in full and cut each step (:func:`tr_core.planner.allocate`)."""
         super().__init__(lm, max_new_tokens, sampling)
         self.lookup = DEFAULT_LOOKUP if lookup is None else int(lookup)
-        if tree is None or tree == "default":
+        if tree is None or tree == "default" or node_budget is not None:
             tree = DEFAULT_TREE
-        self.planner = (planner or TreePlanner(lm, k=k)) if tree == "auto" else None
+        if node_budget is not None and (node_budget < 1 or (planner is not None and planner.budget != node_budget)):
+            raise ValueError("node_budget must be at least 1 (and the planner's own budget, if one is given)")
+        self.node_budget = node_budget
+        self.planner = (planner or TreePlanner(lm, k=k, budget=node_budget)) if tree == "auto" else None
         if self.planner is not None:
             self.planner.use_temperature(sampling.temperature if sampling is not None else 0.0)
             tree = self.planner.tree
@@ -125,12 +131,16 @@ class TokenRecyclingDecoder(TreeDecoder):
             tokens = self.matrix.retrieve_draft_tree(self.last, tree)  # [q]
             tokens, tree, kept = self.drop_blank_drafts(tokens, tree)
             sources = ["root"] + self.draft_sources(tokens, tree)
-        shape, grafted, offered = self.tree, 0, None
+        shape, grafted, offered, blank = self.tree, 0, None, self.tree.size + 1 - len(kept)
         drafted = [shape.paths[i - 1] for i in kept[1:]] if self.planner is not None else None  # rank paths
-        if self.lookup:
+        if self.node_budget is not None:
+            with clock.phase("lookup"):
+                tokens, tree, kept, drafted, sources, grafted, offered = self.fill_budget(
+                    tokens, tree, kept, drafted, sources)
+        elif self.lookup:
             with clock.phase("lookup"):
                 tokens, tree, grafted, offered = self.graft_lookup(tokens, tree, kept, drafted)
-            sources += ["lookup"] * grafted
+        sources += ["lookup"] * grafted
         logits, verdict, path = self.verify_tree(tokens, tree, clock)
         with clock.phase("update"):
             rows = self.matrix.recycle(tokens, logits, keep_old=self.trace_rows,
@@ -139,7 +149,7 @@ class TokenRecyclingDecoder(TreeDecoder):
             self.plan_next(shape, kept, drafted, path, tokens, offered, clock.seconds["forward"])
         step = self.finish_tree_step(tokens, tree, sources, verdict, path, clock,
                                      _row_updates(rows) if self.trace_rows else None)
-        step.blank_drafts = shape.size + 1 - len(kept)
+        step.blank_drafts = blank
         if self.planner is not None:
             self.planner.record_host(tokens.shape[0], time.perf_counter() - started - clock.seconds["forward"])
         return step
@@ -200,6 +210,39 @@ class TokenRecyclingDecoder(TreeDecoder):
         grafted = torch.tensor(rest, dtype=tokens.dtype, device=tokens.device)
         return (torch.cat([tokens, grafted]), tree.graft_chain(attach, len(rest)), len(rest),
                 (key, chain[:offset + len(rest)]))
+
+    def fill_budget(self, tokens: torch.Tensor, tree, kept: list[int], drafted: list, sources: list[str]):
+        """Phase 1 under a node budget: the drafted nodes (``kept``, by index in the static shape;
+        ``drafted``, their rank paths) and the continuation retrieved from the context (joined to the
+        tree where its tokens are already drafted) compete for ``node_budget`` draft nodes, the best
+        by estimated acceptance (:func:`tr_core.planner.allocate`): where drafts were blank or the
+        tree's deep nodes unlikely, a long copy takes their place.
+
+        Returns (tokens [q'], tree tensors, kept, drafted, the tree nodes' sources, grafted count,
+        offered: as ``graft_lookup``'s)."""
+        planner, n_tree = self.planner, tokens.shape[0]
+        estimates = self.node_estimates(tokens, tree, drafted)  # [n_tree - 1]
+        parents = tree.parents.tolist()
+        chain, match = self.retrieve_context(self.context_ids(), self.lookup) if self.lookup else ([], 0)
+        attach, rest = graft_point(tokens.tolist(), tree.children(), chain) if chain else (0, [])
+        offset, key = len(chain) - len(rest), match_bucket(match)
+        estimates += [planner.chain.estimate(key, offset + j, planner.hot) for j in range(len(rest))]
+        parents += [n_tree + j - 1 if j else attach for j in range(len(rest))]
+        nodes = allocate(estimates, parents, self.node_budget)  # tree nodes first, then the chain's
+        kept, sources = [kept[i] for i in nodes if i < n_tree], [sources[i] for i in nodes if i < n_tree]
+        drafted, grafted = [drafted[i - 1] for i in nodes[1:] if i < n_tree], len(nodes) - len(kept)
+        if grafted:
+            tokens = torch.cat([tokens, torch.tensor(rest, dtype=tokens.dtype, device=tokens.device)])
+            tree = tree.graft_chain(attach, len(rest))
+        if len(nodes) < tokens.shape[0]:
+            keep = torch.zeros(tokens.shape[0], dtype=torch.bool, device=tokens.device)
+            keep[nodes] = True
+            tokens, tree = tokens[keep], tree.select(keep)
+        return tokens, tree, kept, drafted, sources, grafted, (key, chain[:offset + grafted]) if grafted else None
+
+    def node_estimates(self, tokens: torch.Tensor, tree, drafted: list) -> list[float]:
+        """P(accepted) of each drafted node (``drafted``: their rank paths): the planner's statistics."""
+        return [self.planner.stats.estimate(p) for p in drafted]
 
     def plan_next(self, shape: TreeShape, kept: list[int], drafted: list, path: list[int], tokens: torch.Tensor,
                   offered: tuple[int, list[int]] | None, forward_seconds: float) -> None:

@@ -1,0 +1,77 @@
+"""``python -m tr_core.bench.warm``: the hot-start matrix shipped for a model, warmed on the calibration split.
+
+The paper's hot start keeps ``M`` from one request to the next, so a server that has answered
+earlier requests drafts from rows already written.  This command plays those earlier requests: it
+decodes prompts of the calibration split (never the evaluation split nor the page's examples)
+with Token Recycling's default settings, one matrix throughout, and saves that matrix.  The app
+starts every new tab from its own copy of it (``components.session``), and says so; a visitor can
+switch to a cold start (an empty matrix) to see the difference.
+
+    python -m tr_core.bench.warm --limit 10 --max-new-tokens 128 --out assets/matrix/embedded.safetensors
+
+The file records the command, the split and the prompt count (its ``note``).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+from .data import SPLITS, load_prompts
+
+SHIPPED = "assets/matrix/embedded.safetensors"  # the embedded model's (``components.session.SHIPPED_MATRIX``)
+
+
+def warm_matrix(lm, prompts: list[list[int]], max_new_tokens: int, k: int = 8, report=None):
+    """Token Recycling (default settings: the auto tree, retrieval) over ``prompts`` (token ids), one
+    hot-started matrix throughout; returns the matrix.  ``report(i, n)`` after each prompt."""
+    from ..decoders import TokenRecyclingDecoder
+    from ..matrix import AdjacencyMatrix
+    from ..planner import TreePlanner
+
+    matrix = AdjacencyMatrix(lm.vocab_size, k, lm.device, lm.fingerprint)
+    planner = TreePlanner(lm, k=k)
+    for i, ids in enumerate(prompts, 1):
+        TokenRecyclingDecoder(lm, matrix=matrix, planner=planner, k=k, max_new_tokens=max_new_tokens,
+                              trace_rows=False).generate(ids)
+        if report is not None:
+            report(i, len(prompts))
+    return matrix
+
+
+def main(argv: list[str] | None = None) -> int:
+    from . import __main__ as bench_cli
+    from ..models import ModelLoadError, load_model
+
+    ap = argparse.ArgumentParser(prog="python -m tr_core.bench.warm", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--prompts", default=str(bench_cli.DEFAULT_PROMPTS))
+    ap.add_argument("--limit", type=int, default=10, help="calibration prompts per category")
+    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--model", default=None, help="default: the embedded model")
+    ap.add_argument("--out", default=SHIPPED)
+    args = ap.parse_args(argv)
+    if args.limit < 1 or args.max_new_tokens < 1:
+        ap.error("--limit and --max-new-tokens must be at least 1")
+    try:
+        prompts = load_prompts(args.prompts, args.limit, offset=SPLITS["calib"])
+        if not prompts:
+            raise ValueError(f"no calibration prompts in {args.prompts}")
+        lm = load_model(args.model, "cpu", "float32")
+        t0 = time.monotonic()
+        matrix = warm_matrix(lm, [lm.encode_prompt(p.text) for p in prompts], args.max_new_tokens,
+                             report=lambda i, n: print(f"\r{i}/{n} prompts", end="", file=sys.stderr, flush=True))
+        matrix.note = (f"warmed on {len(prompts)} calibration prompts ({args.limit} a category of Spec-Bench, "
+                       f"after the {SPLITS['calib']} of the evaluation split; {args.max_new_tokens} tokens each)")
+        matrix.save(args.out, model_name=lm.name)
+    except (OSError, ValueError, ModelLoadError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    rows = int((matrix.table != 0).any(1).sum())
+    print(f"\n{args.out}: {rows} rows written of {matrix.vocab_size}, {matrix.note}; "
+          f"{time.monotonic() - t0:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
