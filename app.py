@@ -18,7 +18,7 @@ from components.handlers import Handlers, gpu_wrapped, ui_running
 from components.model_hub import ModelHub
 from components.recorded import Recorder, load_at_start_up
 from components.run_files import RunFiles, example_runs
-from components.session import METHODS
+from components.session import COLD, METHODS
 from components.startup import warm_up
 from components.zerogpu import gpu_task
 from tr_core.decoders.recycling import DEFAULT_LOOKUP, DEFAULT_TREE
@@ -73,6 +73,8 @@ def step_tab(hub: ModelHub, cap: int, default_tokens: int) -> dict:
                 ui["next"] = gr.Button("Phase ▶", elem_id="phase-next", size="sm", min_width=60)
         with gr.Column(scale=3, min_width=260):
             ui["method"] = gr.Dropdown(list(METHODS), value=next(iter(METHODS)), label="Method", elem_id="method")
+            ui["start"] = gr.Radio([("Hot start (warmed matrix)", "hot"), ("Cold start (empty)", COLD)], value="hot",
+                                   label="TR's matrix at the first step", elem_id="start")
     with gr.Row(elem_id="history-bar", equal_height=True):
         ui["history"] = gr.Slider(1, 2, value=1, step=1, label="History (steps appear here)", elem_id="history",
                                   interactive=False, scale=5)
@@ -108,7 +110,8 @@ def step_tab(hub: ModelHub, cap: int, default_tokens: int) -> dict:
     ui["alt"] = gr.HTML(elem_id="plot-alt")
     ui["node_pick"] = gr.Textbox(visible="hidden", elem_id="node-pick")
     ui["token_pick"] = gr.Textbox(visible="hidden", elem_id="token-pick")
-    ui["timer"] = gr.Timer(0.5, active=False)
+    ui["timer"] = gr.Timer(0.5, active=False)  # Play
+    ui["run_timer"] = gr.Timer(0.05, active=False)  # Run to end: a step per tick, each queued on its own
     return ui
 
 
@@ -123,7 +126,8 @@ def settings_panel(hub: ModelHub, cap: int, default_tokens: int) -> dict:
                                 allow_custom_value=True, elem_id="tree-field",
                                 label="Draft tree (a preset, chain-N, or JSON rank paths like [[0],[1],[0,0]])")
         s["k"] = gr.Slider(1, 8, value=8, step=1, label="k (candidates per matrix row)")
-        s["max_new"] = gr.Slider(1, cap, value=min(default_tokens, cap), step=1, label="Max new tokens")
+        s["max_new"] = gr.Number(min(default_tokens, cap), precision=0, label=f"Max new tokens (1-{cap})",
+                                 elem_id="max-new")  # not a slider: a value out of range gets words, not a clamp
         s["hot"] = gr.Checkbox(True, label="Hot start (keep the matrix between prompts)")
         s["lookup"] = gr.Checkbox(DEFAULT_LOOKUP > 0, label="Merge prompt lookup into the tree")
         s["temperature"] = gr.Slider(0, 2, value=0, step=0.05, elem_id="temperature",
@@ -153,28 +157,33 @@ def wire(demo: gr.Blocks, h: Handlers, session, ui: dict, cmp: dict, hub: ModelH
     """Events: model work in one concurrency group (one forward at a time); the rest answers at once."""
     s, gpu, files = ui["settings"], gpu_wrapped(h), RunFiles(h)
     settings_inputs = [s[k] for k in ("model", "tree", "k", "max_new", "hot", "lookup")] + [ui["method"]] + \
-        [s[k] for k in ("temperature", "top_p", "seed")]
+        [s[k] for k in ("temperature", "top_p", "seed")] + [ui["start"]]
     views = [session] + [ui[k] for k in ("tree", "draft", "heatmap", "text", "counters", "charts", "phases",
                                          "acceptance", "alt", "history", "status")]
     step_in = [ui["prompt"], *settings_inputs, ui["teach"], session]
+    # a step waiting for the model keeps the panels as they are; its place in the queue shows on the status line
     model = dict(concurrency_id="model", concurrency_limit=1)
+    stepping = dict(model, show_progress_on=[ui["status"]])
     play = [ui["timer"], ui["play"]]
     buttons = [ui["step"], ui["play"], ui["run"], ui["stop"]]
     prepare = dict(fn=files.prepare, inputs=session, outputs=ui["save"])
 
-    ui["step"].click(gpu["step"], step_in, views, api_name="do_step", **model).then(**prepare)
-    ui["prompt"].submit(gpu["step"], step_in, views, **model).then(**prepare)
-    ui["next"].click(gpu["next_frame"], step_in, views, **model).then(**prepare)
+    ui["step"].click(gpu["step"], step_in, views, api_name="do_step", **stepping).then(**prepare)
+    ui["prompt"].submit(gpu["step"], step_in, views, **stepping).then(**prepare)
+    ui["next"].click(gpu["next_frame"], step_in, views, **stepping).then(**prepare)
     ui["prev"].click(h.prev_frame, session, views)
-    run = ui["run"].click(lambda: ui_running(True), None, buttons)
-    run.then(gpu["run"], step_in, views, api_name="do_run", **model).then(
-        lambda: ui_running(False), None, buttons).then(**prepare)
-    ui["stop"].click(h.stop, session, play)
-    ui["timer"].tick(gpu["tick"], step_in, views + play, **model).then(**prepare)
+    # Run to end: the first step, then one per tick of its timer; between two of a tab's steps, other
+    # tabs' queued steps run (no tab waits for another's whole run).  do_run: the whole run in one call (API).
+    ui["run"].click(gpu["run_start"], step_in, views + [ui["run_timer"], *buttons], **stepping).then(**prepare)
+    ui["run_timer"].tick(gpu["run_tick"], step_in, views + [ui["run_timer"], *buttons], trigger_mode="once",
+                         **stepping).then(**prepare)
+    gr.Button(visible=False).click(gpu["run"], step_in, views, api_name="do_run", **model)
+    ui["stop"].click(h.stop, session, play + [ui["run_timer"], *buttons])
+    ui["timer"].tick(gpu["tick"], step_in, views + play, **stepping).then(**prepare)
     ui["play"].click(toggle_play, [ui["play"], ui["speed"]], play)
     ui["speed"].change(lambda v: gr.Timer(value=1.0 / float(v)), ui["speed"], ui["timer"])
-    ui["reset"].click(h.reset, session, views + play).then(**prepare)
-    ui["history"].input(h.history, [ui["history"], session], views)
+    ui["reset"].click(h.reset, session, views + play + [ui["run_timer"], *buttons]).then(**prepare)
+    ui["history"].input(h.history, [ui["history"], session], views, trigger_mode="always_last")  # lands where released
     ui["teach"].change(h.teach_toggled, [ui["teach"], session], views)
     # the hidden fields are written by keyboard.js; Gradio's .input fires on typed keys only, .change on any value
     ui["node_pick"].change(h.pick_node, [ui["node_pick"], session], views)
@@ -182,7 +191,9 @@ def wire(demo: gr.Blocks, h: Handlers, session, ui: dict, cmp: dict, hub: ModelH
     ui["example"].input(lambda p: p or gr.skip(), ui["example"], ui["prompt"])
     ui["open"].upload(files.upload, [ui["open"], session], views).then(**prepare)
     ui["example_run"].input(files.example, [ui["example_run"], session], views).then(**prepare)
-    tr_only = [s["tree"], s["k"], s["hot"], s["lookup"]]
+    for field in settings_inputs:  # a change that must start a new run says so (the run shown stays)
+        field.input(h.settings_changed, [session, ui["prompt"], *settings_inputs], ui["status"])
+    tr_only = [s["tree"], s["k"], s["hot"], s["lookup"], ui["start"]]
     ui["method"].change(lambda m: [gr.update(visible=METHODS.get(m) == "tr")] * len(tr_only), ui["method"], tr_only)
     s["reset_matrix"].click(h.reset_matrix, session, views, **model)
     s["save_matrix"].click(h.save_matrix, session, [session, s["matrix_file"], ui["status"]], **model)

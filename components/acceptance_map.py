@@ -13,6 +13,8 @@ from .tree_plot import blank_figure, edge_trace, titled, tree_layout
 
 LEGEND = ("colour = accepted ÷ drafted (white 0% → green 100%) · size = how often drafted<br>"
           "the auto tree keeps the nodes that pay for their forward cost · hover: the rank path")
+PTD_LEGEND = ("colour = accepted ÷ drafted (white 0% → green 100%) · size = how often drafted<br>"
+              "a node: a place in PTD's candidate tries (rank among siblings) · hover: the path")
 
 
 def acceptance_counts(steps: list[Step]) -> dict[tuple[int, ...], list[int]]:
@@ -37,7 +39,9 @@ def acceptance_counts(steps: list[Step]) -> dict[tuple[int, ...], list[int]]:
 def acceptance_figure(steps: list[Step], upto: int) -> go.Figure:
     fig = blank_figure("", "acceptance")
     counts = acceptance_counts(steps[:upto])
-    titled(fig, f"Acceptance map, steps 1–{upto}: how often each node was accepted", LEGEND)
+    ptd = bool(steps) and steps[0].method == "ptd"
+    titled(fig, f"Acceptance map, steps 1–{upto}: how often each node was accepted",
+           PTD_LEGEND if ptd else LEGEND)
     if not counts:
         fig.add_annotation(text="No tree steps yet (greedy and prompt lookup draft no matrix tree)",
                            showarrow=False, font_size=13)

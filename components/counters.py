@@ -1,23 +1,35 @@
 """Side-by-side counters (HTML) and two small charts: accepted length per step, speedup over steps."""
 from __future__ import annotations
 
+import html
+
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 
+MAT_WORDS = ("MAT: tokens committed per forward pass (mean accepted tokens). Greedy's is 1; "
+             "the speedup is about MAT ÷ the extra cost of the larger forward.")
+
+
 def counters_html(fig: dict | None, method_label: str = "Token Recycling", sampled: bool = False,
-                  extra: str = "") -> str:
-    """``extra``: one more sentence under the verdict (e.g. why two precisions part)."""
+                  extra: str = "", start: str = "", pending: str = "") -> str:
+    """``extra``: one more sentence under the verdict (e.g. why two precisions part); ``start``: where
+    the matrix of the run came from (hot or cold start), in words; ``pending``: a step shown but not
+    counted yet (Teach mode before its verdict)."""
+    later = f"<div class='not-counted'>Not counted yet: {html.escape(pending)}.</div>" if pending else ""
     if not fig:
-        return '<div class="counters-empty">Counters appear after the first step.</div>'
+        return (f'<div class="counters-empty">{"Counters appear after the first step." if not pending else ""}'
+                f'</div>{later}')
     tr, g = fig["tr"], fig["greedy"]
-    if sampled:
+    if sampled and fig.get("identical"):
+        same = (f"<span class='ok'>sampling: the two texts are the same so far ({fig['compared']} tokens compared): "
+                "both draw from the same distribution at every token, and here their draws agreed</span>")
+    elif sampled:
         same = ("<span class='ok'>sampling: both draw from the same distribution at every token; the texts "
-                "differ because the random draws do</span>")
+                f"differ (after {fig['compared']} tokens compared) because the random draws do</span>")
     else:
         same = ("<span class='ok'>✔ identical to greedy so far</span>" if fig["identical"]
                 else "<span class='bad'>✘ differs from greedy</span>")
-
         same += f" ({fig['compared']} tokens compared)"
     baseline = "Plain sampling" if sampled else "Greedy"
 
@@ -30,7 +42,9 @@ def counters_html(fig: dict | None, method_label: str = "Token Recycling", sampl
         + row("tokens / forward (MAT)", f"{tr['mat']:.2f}", f"{g['mat']:.2f}")
         + row("tokens / s", f"{tr['tok_per_s']:.1f}", f"{g['tok_per_s']:.1f}")
         + f"<tr class='speedup'><th>speedup</th><td colspan=2><b>{fig['speedup']:.2f}×</b></td></tr></table>"
-        + f"<div class='same'>{same}</div>"
+        + f"<div class='same'>{same}</div>" + later
+        + f"<div class='mat-words'>{MAT_WORDS}</div>"
+        + (f"<div class='start'>Matrix: {html.escape(start)}.</div>" if start else "")
         + (f"<div class='extra'>{extra}</div>" if extra else ""))
 
 

@@ -11,12 +11,13 @@ import time
 import gradio as gr
 import torch
 
+from tr_core.decoders.recycling import DEFAULT_LOOKUP
 from tr_core.devices import oom_message, release_device_memory
 
 from .memory import release_freed_memory
 from .model_hub import ModelHub
 from .panels import draw_panels
-from .session import METHODS, Session, Settings, Superseded, UserError
+from .session import COLD, METHODS, SHIPPED_MATRIX, Session, Settings, Superseded, UserError
 from .zerogpu import gpu_task
 
 IDLE_SECONDS = 300  # a tab idle this long gives its KV caches back (rebuilt when it steps again)
@@ -33,10 +34,11 @@ def error_text(err: BaseException, header: dict | None = None) -> str:
     return f"⚠️ Something went wrong ({type(err).__name__}: {err}); this session was reset."
 
 
-def make_settings(model, tree, k, max_new, hot, lookup, method, temperature=0.0, top_p=1.0, seed=0) -> Settings:
+def make_settings(model, tree, k, max_new, hot, lookup, method, temperature=0.0, top_p=1.0, seed=0,
+                  start="hot") -> Settings:
     return Settings(str(model or ""), str(tree or "default"), int(k or 8), int(max_new) if max_new is not None else 0,
-                    bool(hot), 10 if lookup else 0, METHODS.get(method, str(method)), float(temperature or 0.0),
-                    float(top_p if top_p is not None else 1.0), int(seed or 0))
+                    bool(hot), DEFAULT_LOOKUP if lookup else 0, METHODS.get(method, str(method)), float(temperature or 0.0),
+                    float(top_p if top_p is not None else 1.0), int(seed or 0), COLD if start == COLD else "hot")
 
 
 class Handlers:
@@ -60,7 +62,7 @@ class Handlers:
     def session(self, sess: Session | None, request: gr.Request | None) -> Session:
         if sess is not None:
             return sess
-        sess = Session(start_file=self.matrix_path)
+        sess = Session(start_file=self.matrix_path, warm_file=str(SHIPPED_MATRIX))
         if request is not None and request.session_hash:
             self.live[request.session_hash] = sess
         return sess
@@ -96,19 +98,27 @@ class Handlers:
         """One step of the tab's run, live or (ZeroGPU) recorded; every other tab's idle caches go."""
         sess.last_active = time.monotonic()
         self.free_idle()
+        if str(prompt or "").strip():
+            sess.borrowed_prompt = None
+        elif sess.borrowed_prompt is not None:
+            prompt = sess.borrowed_prompt  # the empty box goes on with the replay's prompt (Handlers.step)
         if self.record is not None:
             sess.reveal(self.record, prompt, s, self.cap)
         else:
             sess.step(self.hub, prompt, s, self.cap)
 
     # ---- drawing ----------------------------------------------------------------------------
-    def render(self, sess: Session, message: str = "") -> tuple:
-        """(session, *panels, history slider, status): status last, as the API has always had it."""
+    def render(self, sess: Session, message: str = "", slider_value: bool = True) -> tuple:
+        """(session, *panels, history slider, status): status last, as the API has always had it.
+        ``slider_value`` False: the slider keeps the value it has in the page (its own move drew this:
+        a value sent back would pull a slider still moving back to where it was)."""
         view = sess.view()
         count = len(view.steps) if view else 0
         shown = view.clamp(sess.shown) if view else 0
-        slider = gr.Slider(minimum=1, maximum=max(count, 2), value=max(shown, 1), step=1, interactive=count > 1,
-                           label=f"History: step {shown} of {count}" if count else "History (steps appear here)")
+        value = {"value": max(shown, 1)} if slider_value else {}
+        slider = gr.Slider(minimum=1, maximum=max(count, 2), step=1, interactive=count > 1,
+                           label=f"History: step {shown} of {count}" if count else "History (steps appear here)",
+                           **value)
         return (sess, *draw_panels(view, shown, sess.frame, sess.picked), slider, message or sess.message)
 
     def failed(self, sess: Session, err: Exception) -> tuple:
@@ -133,7 +143,10 @@ class Handlers:
         sess = self.session(sess, request)
         try:
             if sess.replay is not None and sess.current() is None and sess.started_with is None:
-                sess.replay = None  # a replay ends when the visitor steps a prompt of their own
+                if not str(prompt or "").strip():  # nothing typed: the replay's own prompt, run live
+                    sess.borrowed_prompt = str(sess.replay.header.get("prompt", ""))
+                sess.replay = None  # a replay ends when the visitor steps a prompt (the file is unchanged)
+                sess.notice = "The replay was closed (its file is unchanged); this is a live run. "
             with sess.working():
                 self.advance(sess, prompt, make_settings(*rest))
             sess.frame = 1 if teach else 0
@@ -141,8 +154,33 @@ class Handlers:
         except Exception as err:
             return self.failed(sess, err)
 
+    def run_start(self, request: gr.Request, prompt, *args):
+        """Run to end on the page: the first step now, then one step per tick of the run timer
+        (:meth:`run_tick`), each a queued event of its own, so other tabs' steps go in between."""
+        *rest, _teach, sess = args
+        sess = self.session(sess, request)
+        sess.stop, sess.frame = False, 0
+        out = self.step(request, prompt, *rest, False, sess)
+        sess = out[0]
+        going = sess.in_progress and not out[-1].startswith("⚠️")
+        return (*out, gr.Timer(active=going), *ui_running(going))
+
+    def run_tick(self, request: gr.Request, prompt, *args):
+        """One step of Run to end; the run timer stops at the end, on Stop or Reset, or on an error."""
+        *rest, _teach, sess = args
+        sess = self.session(sess, request)
+        if sess.stop or not sess.in_progress:
+            message = "Stopped: Step or Run to end go on from here." if sess.stop and sess.in_progress else ""
+            return (*self.render(sess, message), gr.Timer(active=False), *ui_running(False))
+        out = self.step(request, prompt, *rest, False, sess)
+        sess = out[0]
+        if sess.in_progress and not out[-1].startswith("⚠️") and not sess.stop:
+            return (*out, gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip())
+        return (*out, gr.Timer(active=False), *ui_running(False))
+
     def run(self, request: gr.Request, prompt, *args):
-        """Decode to the end, a step per redraw, until done, Stop, Reset or the tab goes away."""
+        """Decode to the end in one call (the API's ``do_run``; the page's Run to end steps one queued
+        event at a time: :meth:`run_start`), a step per redraw, until done, Stop, Reset or the tab goes away."""
         *rest, _teach, sess = args
         sess = self.session(sess, request)
         sess.stop, sess.frame, sess.replay = False, 0, None
@@ -207,7 +245,7 @@ class Handlers:
     def stop(self, sess: Session | None):
         if sess is not None:
             sess.stop = True
-        return gr.Timer(active=False), gr.Button(value="▶ Play")
+        return gr.Timer(active=False), gr.Button(value="▶ Play"), gr.Timer(active=False), *ui_running(False)
 
     def reset(self, request: gr.Request, sess):
         """Final: a run in progress ends at its next step, and the step in flight (if any) is waited
@@ -216,12 +254,13 @@ class Handlers:
         sess.stop = True
         sess.wait_idle(RESET_WAIT)
         sess.reset()
-        return (*self.render(sess, "Reset."), gr.Timer(active=False), gr.Button(value="▶ Play"))
+        return (*self.render(sess, "Reset."), gr.Timer(active=False), gr.Button(value="▶ Play"),
+                gr.Timer(active=False), *ui_running(False))
 
     def history(self, n, sess: Session | None):
         sess = sess or Session()
         sess.shown, sess.picked = int(n or 1), None
-        return self.render(sess)
+        return self.render(sess, slider_value=False)
 
     def pick_node(self, value: str, sess: Session | None):
         """A tree node clicked (its index): its matrix rows are outlined and listed first."""
@@ -249,6 +288,7 @@ class Handlers:
         sess = self.session(sess, request)
         if sess.matrix is not None:
             sess.matrix.reset()
+            sess.matrix.note = "emptied by Reset matrix"
         return self.render(sess, "The matrix is empty again (∅ rows): drafts start to hit after a few steps.")
 
     def save_matrix(self, request: gr.Request, sess):
@@ -269,6 +309,21 @@ class Handlers:
         except UserError as err:
             return self.failed(sess, err)
 
+    def settings_changed(self, sess: Session | None, prompt, *settings):
+        """A setting changed while a run is shown: the status says that the next Step starts a new
+        run (the one shown stays until then); else nothing to say."""
+        if sess is None or sess.current() is None or sess.started_with is None:
+            return gr.skip()
+        try:
+            new = make_settings(*settings)
+        except (TypeError, ValueError):
+            return gr.skip()
+        if (prompt, new) == sess.started_with:
+            return sess.message or ""
+        what = "the cold start (an empty matrix)" if new.start == COLD != sess.started_with[1].start else \
+            "the new settings"
+        return f"Settings changed: the next Step starts a new run from step 1, with {what}. The run shown stays until then."
+
     def teach_toggled(self, teach: bool, sess: Session | None):
         sess = sess or Session()
         sess.frame = 1 if teach and sess.view() is not None else 0
@@ -286,6 +341,8 @@ def gpu_wrapped(handlers: Handlers) -> dict:
     elsewhere).  On ZeroGPU they run in the main process instead: only ``handlers.record``, one GPU
     call per run (``components.recorded``), touches the GPU."""
     if handlers.record is not None:
-        return {"step": handlers.step, "run": handlers.run, "tick": handlers.tick, "next_frame": handlers.next_frame}
+        return {"step": handlers.step, "run": handlers.run, "tick": handlers.tick, "next_frame": handlers.next_frame,
+                "run_start": handlers.run_start, "run_tick": handlers.run_tick}
     return {"step": gpu_task(handlers.step), "run": gpu_task(duration=120)(handlers.run),
-            "tick": gpu_task(handlers.tick), "next_frame": gpu_task(handlers.next_frame)}
+            "tick": gpu_task(handlers.tick), "next_frame": gpu_task(handlers.next_frame),
+            "run_start": gpu_task(handlers.run_start), "run_tick": gpu_task(handlers.run_tick)}

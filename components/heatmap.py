@@ -17,7 +17,7 @@ AFTER = (f"{ROWS}shown <b>after</b> this step's writes<br><span style='color:#99
          "<span style='color:#e0b000'>■</span> moved within the row <span style='color:#f08a4b'>■</span> new · "
          "∅ never written")
 BEFORE = f"{ROWS}shown <b>before</b> this step's writes<br>what the drafts were read from · ∅ never written"
-EMPTY_START = ("The matrix is empty: drafts start to hit after a few steps; big trees cost more on a CPU.")
+EMPTY_START = "Each step writes the rows of every token<br>it ran through the model (the recycling)."
 
 
 def heatmap_figure(step: Step | None, token_text, frame: int = 0, picked: list[int] | None = None) -> go.Figure:
@@ -26,12 +26,15 @@ def heatmap_figure(step: Step | None, token_text, frame: int = 0, picked: list[i
     fig = go.Figure()
     before = frame in (1, 2, 3)
     fig.update_layout(margin=dict(l=6, r=6, t=88, b=4), height=HEIGHT, plot_bgcolor="white")
-    titled(fig, "The matrix M: each token's k candidates", BEFORE if before else AFTER)
+    if step is not None and step.method != "tr":  # no TR words under another method
+        titled(fig, "No matrix for this method", "Token Recycling's matrix M is shown when TR is the method")
+    else:
+        titled(fig, "The matrix M: each token's k candidates", BEFORE if before else AFTER)
     if step is None or not step.rows_written:
         words = {"greedy": "Greedy decoding keeps no matrix",
                  "ptd": "PTD keeps no matrix: its drafts are n-grams<br>from its tries (see the phase strip)"}
         fig.add_annotation(text=words.get(step.method, "No rows written yet") if step else
-                           "No rows yet: press Step. " + EMPTY_START, showarrow=False, font_size=13)
+                           "No rows yet: press Step.<br>" + EMPTY_START, showarrow=False, font_size=13)
         fig.update_layout(xaxis=dict(visible=False), yaxis=dict(visible=False))
         return fig
     rows = _ordered_rows(step, picked or [])

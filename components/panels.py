@@ -28,17 +28,24 @@ def draw_panels(view: RunView | None, n: int | None = None, frame: int = 0, pick
     step, text_of = view.step(n), view.token_text
     rows = picked_rows(step, picked)
     label = METHOD_LABELS.get(view.method, view.method)
-    div = view.divergence(n)
+    # Teach mode's retrieve and verify frames come before the verdict: text, counters and charts stay as
+    # they were before this step (what was accepted, and the new tokens, appear at frame 3, accept)
+    done = n - 1 if frame in (1, 2) else n
+    div = view.divergence(done) if done else None
+    figures = view.figures(done) if done else None
     return (tree_figure(step, text_of, tree_title(view, n), frame, picked),
             draft_figure(step, text_of, f"PTD's draft tree after step {n} (rides along in the next forward)"
                          if view.method == "ptd" else ""),
             heatmap_figure(step, text_of, frame, rows),
-            output_html(view.steps, text_of, view.special, current=n, mark=div and div["position"]),
-            counters_html(view.figures(n), label, sampled=view.sampled,
-                          extra=html.escape(describe(Divergence(**div), lambda t: visible(text_of(t), 20))) if div else ""),
-            charts_figure([len(s.committed) for s in view.steps[:n]], view.speedups(n), max_len=view.lookahead),
+            output_html(view.steps[:done] if frame else view.steps, text_of, view.special, current=n,
+                        mark=div and div["position"]),  # later steps dimmed (History), none in Teach mode
+            counters_html(figures, label, sampled=view.sampled,
+                          extra=html.escape(describe(Divergence(**div), lambda t: visible(text_of(t), 20))) if div else "",
+                          start=view.header.get("matrix_start", ""),
+                          pending=f"step {n} is counted at phase 3, accept" if done < n else ""),
+            charts_figure([len(s.committed) for s in view.steps[:done]], view.speedups(done), max_len=view.lookahead),
             phase_html(step, text_of, frame),
-            acceptance_figure(view.steps, n),
+            acceptance_figure(view.steps, done),
             text_alternative(view, n))
 
 
@@ -50,7 +57,9 @@ def tree_title(view: RunView, n: int) -> str:
     if step.method == "ptd":
         return f"Step {n}: candidates verified · trie of the last token ({step.tree.size} nodes)"
     looked = sum(1 for s in src if s == "lookup")
-    tree = view.header.get("settings", {}).get("tree", "")
+    tree = str(view.header.get("settings", {}).get("tree", ""))
+    if tree[:1] in ("[", "{") or len(tree) > 24:
+        tree = "your tree"  # JSON text: the nodes are in the plot
     parts = f"{step.tree.size - looked} from the matrix" + (f" + {looked} from prompt lookup" if looked else "")
     return f"Step {n}: the draft tree{f' ({tree})' if tree else ''}, {parts}"
 

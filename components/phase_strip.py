@@ -8,15 +8,15 @@ from tr_core.trace import Step
 from .tokens import visible
 
 
-LATER = ("Why early steps can be slower than greedy: the matrix starts empty (∅), so few drafts hit at first, "
-         "and every draft token costs forward time (big trees cost more on a CPU).")
+LATER = ("A step can cost more than greedy's when its drafts miss: every draft token costs forward time (more "
+         "on a CPU). Where drafts keep missing, the planner shrinks the tree, down to none.")
 EARLY = ("Early steps: the matrix is still mostly empty (∅), so few drafts hit yet, and every draft token "
          "costs forward time (big trees cost more on a CPU): early steps can be slower than greedy.")
 
 
 def phase_html(step: Step | None, token_text, frame: int = 0) -> str:
     """``frame``: 0 the whole step, 1-4 the phase Teach mode is showing (highlighted)."""
-    return _with_frame(_phase_body(step, token_text), frame, step)
+    return _with_frame(_phase_body(step, token_text, frame), frame, step)
 
 
 def _with_frame(body: str, frame: int, step: Step | None) -> str:
@@ -39,7 +39,7 @@ def _early(step: Step) -> bool:
     return blank * 3 >= max(step.tree.size + step.blank_drafts, 1) or (step.index <= 3 and step.accepted_drafts == 0)
 
 
-def _phase_body(step: Step | None, token_text) -> str:
+def _phase_body(step: Step | None, token_text, frame: int = 0) -> str:
     if step is None:
         return ('<div class="phases"><b>Token Recycling</b> keeps, for every token, the 8 tokens the model last '
                 'ranked highest after it. Each step it drafts a tree from that table, checks the whole tree in one '
@@ -54,7 +54,7 @@ def _phase_body(step: Step | None, token_text) -> str:
         return (f'<div class="phases"><span class="ph">forward</span> greedy decoding ran one token '
                 f'({root}) through the model in {ms.get("forward", 0):.0f} ms and took its top choice, {own}.</div>')
     if step.method == "ptd":
-        return _ptd_cells(step, root, own, ms, acc)
+        return _ptd_cells(step, root, own, ms, acc, frame)
     looked = sum(1 for src in t.sources if src == "lookup")
     from_matrix = t.size - looked
     extra = (f" A further {looked} came from repeating what followed the same words earlier in the text "
@@ -71,7 +71,7 @@ def _phase_body(step: Step | None, token_text) -> str:
         ("recycle", f"The candidates the model produced at all {step.forward_tokens} positions, accepted or not, "
                     f"were written into {len(step.rows_written)} matrix rows ({ms.get('update', 0):.1f} ms)."),
     ]
-    return _cells(cells)
+    return _cells(cells, frame)
 
 
 def _blank(step: Step) -> str:
@@ -84,13 +84,15 @@ def _blank(step: Step) -> str:
     return ""
 
 
-def _cells(cells: list[tuple[str, str]]) -> str:
-    body = "".join(f'<div class="ph-cell"><span class="ph">{i + 1}. {name}</span> {text}</div>'
+def _cells(cells: list[tuple[str, str]], frame: int = 0) -> str:
+    """Teach mode (``frame`` 1-4) tells no phase before its frame: a class guesses what comes next."""
+    body = "".join(f'<div class="ph-cell"><span class="ph">{i + 1}. {name}</span> '
+                   f'{text if not frame or i < frame else "<i class=ph-later>… Phase ▶ shows it.</i>"}</div>'
                    for i, (name, text) in enumerate(cells))
     return f'<div class="phases">{body}</div>'
 
 
-def _ptd_cells(step: Step, root: str, own: str, ms: dict, acc: int) -> str:
+def _ptd_cells(step: Step, root: str, own: str, ms: dict, acc: int, frame: int = 0) -> str:
     """Progressive Tree Drafting's phases: retrieve a trie, verify with the draft riding along, expand."""
     d = step.draft_tree
     fate = {k: sum(1 for s in (d.sources[1:] if d else []) if s == k) for k in ("new", "pruned")}
@@ -106,4 +108,4 @@ def _ptd_cells(step: Step, root: str, own: str, ms: dict, acc: int) -> str:
         ("expand", f"Every draft node gained the model's next token as a child ({fate['new']} new nodes, shown in "
                    f"the draft-tree tab); {fate['pruned']} were pruned by depth stepping or the root window, and the "
                    f"new paths went into the tries ({ms.get('expand', 0):.1f} ms)."),
-    ])
+    ], frame)

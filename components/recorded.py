@@ -27,7 +27,7 @@ from tr_core.devices import oom_message
 from tr_core.matrix import AdjacencyMatrix
 from tr_core.runs import Run
 
-from .session import Session, Settings, UserError
+from .session import COLD, SHIPPED_MATRIX, Session, Settings, UserError
 
 
 @dataclass
@@ -49,7 +49,8 @@ class Recorder:
     def record(self, prompt: str, s: Settings, cap: int, matrix: AdjacencyMatrix | None,
                start_file: str | None) -> Recording:
         """Decode ``prompt`` to the end with settings ``s`` against greedy; the run and the matrix."""
-        sess = Session(matrix=matrix, start_file=start_file)
+        # the matrix comes from a run of the same start (hot or cold), or is None (components.session.reveal)
+        sess = Session(matrix=matrix, start_file=start_file, warm_file=str(SHIPPED_MATRIX), cold=s.start == COLD)
         try:
             sess.begin(self.hub, prompt, s, cap)
             notice = sess.notice  # e.g. where the matrix came from: said with the first step shown

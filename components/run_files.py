@@ -50,8 +50,12 @@ def open_run_bytes(sess: Session, data: bytes, name: str) -> str:
         raise UserError(f"{name}: {err}") from None
     sess.open_run(run)
     h = run.header
-    return (f"Opened {name}: {h.get('model', '?')} ({h.get('dtype', '?')} on {h.get('device', '?')}), "
-            f"{len(run.steps)} steps. Move the history slider or use Next phase; Step starts your own run.")
+    prompt = " ".join(str(h.get("prompt", "")).split())
+    shown = prompt if len(prompt) <= 90 else prompt[:89] + "…"
+    sess.message = (f"Replay of {name}: “{shown}” ({h.get('model', '?')}, {h.get('dtype', '?')} on "
+                    f"{h.get('device', '?')}, {len(run.steps)} steps). Move the history slider or use Phase ▶; "
+                    "Step starts a live run of your prompt (or of this one, if the prompt box is empty).")
+    return sess.message
 
 
 class RunFiles:

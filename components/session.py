@@ -15,13 +15,17 @@ from tr_core.planner import TreePlanner
 from tr_core.ptd import PTDConfig
 from tr_core.sampling import SamplingConfig
 from tr_core.runs import Run, run_header
-from tr_core.trees import TreeError, list_presets
+from tr_core.trees import TreeError, list_presets, load_tree
 
 from .model_hub import ModelHub
 from tr_core.race import Race
 from .run_view import RunView
 
 MAX_PROMPT_CHARS = 20_000
+# The embedded model's hot-start matrix, warmed on the calibration split (``python -m tr_core.bench.warm``):
+# every new tab starts from its own copy.  Read only: "Save matrix" never writes it.
+SHIPPED_MATRIX = Path(__file__).resolve().parent.parent / "assets" / "matrix" / "embedded.safetensors"
+COLD = "cold"  # Settings.start: an empty matrix at the first step (the contrast to the hot start)
 DONE = "Done: end of text or token budget reached."
 METHODS = {"Token Recycling (TR)": "tr", "Progressive Tree Drafting (PTD)": "ptd"}
 # Where the planner finds PTD's draft nodes do not pay (a CPU), the page still carries this many, so
@@ -49,6 +53,7 @@ class Settings:
     temperature: float = 0.0  # 0 = greedy; above 0 = lossless sampling (both sides of the race)
     top_p: float = 1.0
     seed: int = 0
+    start: str = "hot"  # TR's matrix at a new tab's first step: "hot" (warmed, or the server's file) or COLD
 
     def sampling(self) -> SamplingConfig | None:
         if not self.temperature:
@@ -69,11 +74,23 @@ class Settings:
             raise UserError(f"k must be between 1 and 8 (got {self.k}).")
 
 
+PAGE_MAX_NODES = 128  # a visitor's tree: larger ones make forwards of seconds on a CPU and an unreadable plot
+
+
 def check_tree_spec(spec: str) -> None:
-    """A visitor's tree is a preset name, chain-N or JSON text; anything else, a server path above all,
-    gets the same refusal without the file system being looked at."""
+    """A visitor's tree is a preset name, chain-N or JSON text of at most ``PAGE_MAX_NODES`` nodes;
+    anything else, a server path above all, gets a refusal without the file system being looked at."""
     spec = str(spec).strip()
-    if spec in ("auto", "default") or spec[:1] in ("[", "{") or re.fullmatch(r"chain-\d{1,3}", spec):
+    if spec[:1] in ("[", "{") or re.fullmatch(r"chain-\d{1,4}", spec):
+        try:
+            size = load_tree(spec).size
+        except TreeError as err:
+            raise UserError(str(err)) from None
+        if size > PAGE_MAX_NODES:
+            raise UserError(f"This tree has {size} draft nodes; the page runs trees of at most {PAGE_MAX_NODES} "
+                            "(the paper's has 80).")
+        return
+    if spec in ("auto", "default"):
         return
     if spec in list_presets():
         return
@@ -93,6 +110,8 @@ class Session:
     prompt: str = ""
     message: str = ""
     start_file: str | None = None  # a saved matrix every new matrix of this session starts from (TR_MATRIX)
+    warm_file: str | None = None  # else this one, where it fits the model (SHIPPED_MATRIX: read only)
+    cold: bool = False  # the matrix was started empty on purpose (Settings.start == COLD)
     notice: str = ""  # said once with the next status message
     closed: bool = False  # freed when its tab closed or its state expired
     replay: RunView | None = None  # a run opened from a file (no model needed)
@@ -107,31 +126,53 @@ class Session:
     last_active: float = field(default_factory=time.monotonic)  # for freeing an idle tab's KV caches
     busy: int = 0  # steps of this tab in flight (Reset waits for them)
     epoch: int = 0  # counts resets: a run set up across one is dropped
+    borrowed_prompt: str | None = None  # a replay's prompt, stepped live while the prompt box is empty
 
     # ---- lifecycle -------------------------------------------------------------------------
-    def matrix_for(self, lm: LoadedModel, k: int, hot_start: bool) -> AdjacencyMatrix:
+    def matrix_for(self, lm: LoadedModel, k: int, hot_start: bool, cold: bool = False) -> AdjacencyMatrix:
+        """The matrix the next race drafts from: this tab's own, carried over from its earlier prompts
+        (``hot_start``), else a fresh one (:meth:`fresh_matrix`); ``cold``: empty, on purpose."""
         m = self.matrix
-        if m is None or m.fingerprint != lm.fingerprint or m.k != k:
+        if cold:
+            if m is None or not self.cold or m.fingerprint != lm.fingerprint or m.k != k or not hot_start:
+                m = AdjacencyMatrix(lm.vocab_size, k, lm.device, lm.fingerprint)
+                m.note = "cold start: an empty matrix"
+            else:
+                m = m.to(lm.device)
+                m.note = "cold start, then this tab's earlier prompts"
+        elif m is None or self.cold or m.fingerprint != lm.fingerprint or m.k != k or not hot_start:
             m = self.fresh_matrix(lm, k)
         else:
             m = m.to(lm.device)  # itself on the model's device; else its copy there (e.g. into a ZeroGPU call)
-            if not hot_start:
-                m.reset()
-        self.matrix = m
+            if "earlier prompts" not in m.note:
+                m.note = (m.note or "hot start") + ", then this tab's earlier prompts"
+        self.matrix, self.cold = m, cold
         return m
 
     def fresh_matrix(self, lm: LoadedModel, k: int) -> AdjacencyMatrix:
-        """Zeros, or this session's own copy of the server's hot-start file when there is a good one."""
+        """Zeros, or this session's own copy of the server's hot-start file when there is a good one,
+        else of the warmed matrix shipped for the model (``warm_file``) where it fits."""
+        if self.warm_file and not self.start_file and Path(self.warm_file).is_file():
+            try:
+                m = AdjacencyMatrix.load(self.warm_file, lm.fingerprint, lm.vocab_size, lm.device)
+                if m.k == k:
+                    m.note = f"hot start: a matrix {m.note or 'warmed on calibration prompts'}"
+                    return m
+            except MatrixFileError:
+                pass  # made for another model: this one starts empty
         if self.start_file and Path(self.start_file).is_file():
             try:
                 m = AdjacencyMatrix.load(self.start_file, lm.fingerprint, lm.vocab_size, lm.device)
                 if m.k == k:
                     self.notice = f"Matrix: hot start from the server's file ({Path(self.start_file).name}). "
+                    m.note = "hot start: the server's matrix file"
                     return m
                 self.notice = f"Matrix file has k={m.k}, not {k}: starting from zeros. "
             except MatrixFileError as err:
                 self.notice = f"⚠️ The server's matrix file was not used ({err}); starting from zeros. "
-        return AdjacencyMatrix(lm.vocab_size, k, lm.device, lm.fingerprint)
+        m = AdjacencyMatrix(lm.vocab_size, k, lm.device, lm.fingerprint)
+        m.note = "an empty matrix (none is shipped for this model)"
+        return m
 
     def planner_for(self, lm: LoadedModel, k: int, hot_start: bool) -> TreePlanner:
         if self.planner is None or self.planner_model is not lm or self.planner.k != k:
@@ -157,7 +198,7 @@ class Session:
                 config = replace(PTDConfig.default(), min_draft=PAGE_MIN_DRAFT)
                 decoder = ProgressiveTreeDecoder(lm, int(s.max_new_tokens), config, sampling=sampling)
             else:
-                matrix = self.matrix_for(lm, int(s.k), s.hot_start)
+                matrix = self.matrix_for(lm, int(s.k), s.hot_start, cold=s.start == COLD)
                 planner = self.planner_for(lm, int(s.k), s.hot_start) if s.tree == "auto" else None
                 decoder = TokenRecyclingDecoder(lm, tree=s.tree, k=int(s.k), matrix=matrix, planner=planner,
                                                 max_new_tokens=int(s.max_new_tokens), lookup=int(s.lookup),
@@ -170,6 +211,8 @@ class Session:
             raise Superseded()  # Reset while this race was being set up: Reset's page stands
         self.race, self.prompt, self.started_with = race, prompt, (prompt, s)
         self.header = run_header(lm, s.method, asdict(s), prompt, race.decoder.prompt)
+        if s.method == "tr":
+            self.header["matrix_start"] = matrix.note
         self.replay, self.recorded = None, None
         return race
 
@@ -178,7 +221,12 @@ class Session:
 
     def step(self, hub: ModelHub, prompt: str, s: Settings, cap: int) -> Race:
         """One step of the race on ``prompt`` (a new race when the prompt or settings changed); the race."""
-        race = self.begin(hub, prompt, s, cap) if self.needs_new_race(prompt, s) else self.race
+        if not self.needs_new_race(prompt, s):
+            return self.advance(self.race)
+        again = self.race is not None and self.race.done and self.started_with == (prompt, s)
+        race = self.begin(hub, prompt, s, cap)
+        if again:  # said, never silent: the finished run is replaced
+            self.notice += "The last run had ended: this Step started it again from step 1. "
         return self.advance(race)
 
     def advance(self, race: Race | None = None) -> Race:
@@ -206,7 +254,8 @@ class Session:
             check_prompt(prompt)
             s.validate(cap)
             epoch = self.epoch
-            rec = record(prompt, s, cap, self.matrix, self.start_file)
+            same_start = self.cold == (s.start == COLD)  # else the next run starts from its own kind of matrix
+            rec = record(prompt, s, cap, self.matrix if same_start else None, self.start_file)
             if self.epoch != epoch:
                 raise Superseded()  # Reset while the GPU call ran: its recording is dropped
             if rec.error:
@@ -214,6 +263,7 @@ class Session:
             self.race, self.replay, self.recorded, self.revealed = None, None, rec.run, 0
             self.prompt, self.started_with, self.header = prompt, (prompt, s), rec.run.header
             self.matrix, self.notice = rec.matrix if rec.matrix is not None else self.matrix, rec.notice
+            self.cold = s.start == COLD
         self.show_next()
         return self.recorded
 
@@ -273,7 +323,7 @@ class Session:
         self.epoch += 1  # a step or recording begun before this is dropped when it ends (Superseded)
         self.race, self.started_with, self.message = None, None, "Reset."  # until the next step says more
         self.replay, self.header, self.shown, self.frame, self.picked = None, None, None, 0, None
-        self.recorded, self.revealed = None, 0
+        self.recorded, self.revealed, self.borrowed_prompt = None, 0, None
 
     def close(self) -> bool:
         """Free what the session holds (decoders, KV caches, matrix, planner); True when it was open

@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 
 from tr_core.devices import describe_machine, precision_words
+from tr_core.cost import COST_LENGTHS, time_forwards
 from tr_core.planner import CostCurve, cost_curve_for
 
 
@@ -89,22 +90,34 @@ def with_progress(work, report, every: float = 0.5):
     return box.get("out")
 
 
+def warm_kernels(lm) -> None:
+    """One forward of every size the planner may choose, over a short cache: the kernels' first calls
+    (oneDNN builds a primitive per shape) happen here, not in a visitor's first steps."""
+    time_forwards(lm, COST_LENGTHS, prefix=32, repeats=1)
+
+
 def warm_up(hub, progress, curve_on_gpu=None) -> str:
-    """Load the default model and its cost curve; ``progress(fraction_or_steps, desc=...)``.
+    """Load the default model, warm its kernels and get its cost curve (from the cache when this
+    machine measured it before); ``progress(fraction_or_steps, desc=...)`` moves with each part.
     ``curve_on_gpu()``: measure the curve in a ZeroGPU call (it returns the curve, kept here)."""
     lm = with_progress(lambda: hub.get(None),
-                       lambda t: progress((0, 2), desc=f"Step 1 of 2: loading the model ({t:.0f} s so far)"))
-    if load_cached_curve(lm):
+                       lambda t: progress((0, 3), desc=f"Step 1 of 3: loading the model ({t:.0f} s so far)"))
+    cached = load_cached_curve(lm)
+    if cached and not curve_on_gpu:  # measuring the curve warms them too (on ZeroGPU, only a GPU call could)
+        with_progress(lambda: warm_kernels(lm),
+                      lambda t: progress((1, 3), desc=f"Step 2 of 3: first forwards of 1-96 tokens ({t:.0f} s)"))
+    if cached:
         how = "cost curve from the cache"
     else:
         measure = (lambda: setattr(lm, "cost_curve", curve_on_gpu())) if curve_on_gpu else (lambda: cost_curve_for(lm))
-        with_progress(measure, lambda t: progress((1, 2), desc=f"Step 2 of 2: timing forwards of 1-96 tokens for "
+        with_progress(measure, lambda t: progress((2, 3), desc=f"Step 3 of 3: timing forwards of 1-96 tokens for "
                                                                f"the auto tree, once per model and device ({t:.0f} s so far)"))
         save_curve(lm)
         how = "cost curve measured and cached"
+    progress((3, 3), desc="Ready")
     why = f"; {lm.dtype_reason}" if lm.dtype_reason and not lm.dtype_reason.startswith("float32: the default") else ""
     return (f"Ready: {lm.name} on {describe_device(lm)} ({precision_words(lm.dtype)}{why}; prompts through the "
-            f"{lm.template}; {how}).")
+            f"{lm.template}; kernels warmed; {how}).")
 
 
 def describe_device(lm) -> str:

@@ -51,14 +51,15 @@ def edge_trace(edges, color: str, width: float, dash: str | None = None) -> go.S
 
 LEGEND = ("<span style='color:#1f4e99'>●</span> root = last token · <span style='color:#2e9d4f'>●</span> accepted draft "
           "· <span style='color:#9aa1a9'>●</span> rejected draft · <span style='color:#8e44ad'>●</span> from prompt lookup"
-          "<br>○ drafted from an empty matrix row · <span style='color:#e0a100'>★</span> the token the model added "
-          "itself · click a node")
+          "<br><span style='color:#e0a100'>★</span> the token the model added itself · click a node")
+EMPTY_LEGEND = " · ∅ hollow: drafted from an empty row (never written), so it predicts nothing"
 FRAME_LEGEND = {1: "Phase 1, retrieve: the drafts read out of the matrix, row by row<br>"
-                   "<span style='color:#6c8ebf'>●</span> a draft · ○ from an empty row (never written)",
+                   "<span style='color:#6c8ebf'>●</span> a draft (verdict at phase 2)",
                 2: "Phase 2, verify: one forward checks every node<br><span style='color:#2e9d4f'>●</span> the "
                    "model chose this token after its parent · <span style='color:#d0455b'>✕</span> it chose another",
                 3: LEGEND, 4: LEGEND}
 DRAFT = "#6c8ebf"
+EMPTY_COLOR = "#444"  # a draft from a row never written (∅: the paper's full shape keeps them)
 CROWDED = 14  # rows with more nodes than this label only their accepted nodes (hover shows all)
 
 
@@ -87,7 +88,8 @@ def tree_figure(step: Step | None, token_text, title: str = "", frame: int = 0, 
     """``token_text(id) -> str``.  ``frame``: 0 the whole step, 1-4 Teach mode's retrieve, verify,
     accept, recycle.  ``picked``: a node to ring (clicked).  Each node carries its index as customdata."""
     fig = blank_figure("", "tree")
-    titled(fig, title or "Draft tree", FRAME_LEGEND.get(frame, LEGEND))
+    empty = step is not None and "empty" in (step.tree.sources or [])
+    titled(fig, title or "Draft tree", FRAME_LEGEND.get(frame, LEGEND) + (EMPTY_LEGEND if empty else ""))
     if step is None:
         fig.add_annotation(text="Enter a prompt and press Step", showarrow=False, font_size=16)
         return fig
@@ -135,12 +137,14 @@ def _node_trace(fig, step: Step, token_text, pos, kinds, sources, picked) -> Non
         empty = sources[j] == "empty"
         if sources[j] == "lookup" and kinds[j] in ("rejected", "draft"):
             color = COLORS["lookup"]
-        text = "∅" if empty and kinds[j] in ("draft", "rejected") else visible(token_text(t.tokens[j]), 10)
+        text = "∅" if empty and kinds[j] != "accepted" else visible(token_text(t.tokens[j]), 10)  # every frame
         crowded = per_depth[depths[j]] > CROWDED and kinds[j] not in ("root", "accepted")
         labels.append("" if crowded else text)
+        if empty and kinds[j] != "accepted":  # hollow, dark and larger than a grey rejected draft
+            color, size, symbol = EMPTY_COLOR, 14, "circle-open"
         colors.append(color)
         sizes.append(size)
-        symbols.append(symbol + "-open" if empty and symbol == "circle" else symbol)
+        symbols.append(symbol)
         hovers.append(_hover(step, j, token_text, sources))
     fig.add_trace(go.Scatter(
         x=[pos[j][0] for j in order], y=[pos[j][1] for j in order], mode="markers+text", text=labels,
@@ -173,7 +177,7 @@ def _hover(step: Step, i: int, token_text, sources) -> str:
 
 def _bonus_trace(fig, step: Step, token_text, pos, depths) -> None:
     last = step.accepted_path[-1]
-    star = (pos[last][0] + 0.06, pos[last][1] - 0.5)
+    star = (pos[last][0] + 0.09, pos[last][1] - 0.62)  # below and right: clear of the node's own label
     fig.add_trace(edge_trace([(pos[last], star)], COLORS["bonus"], 3, "dot"))
     bonus = step.model_choices[last]
     fig.add_trace(go.Scatter(

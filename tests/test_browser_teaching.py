@@ -112,7 +112,7 @@ def test_a_class_session(browser, launched, tmp_path):  # noqa: F811
     doc = json.loads(saved.read_text())
     assert doc["format"] == "token-recycling-run" and len(doc["steps"]) == 3
     open_run_file(page, saved)
-    expect(page.locator("#status")).to_contain_text("Opened", timeout=30_000)
+    expect(page.locator("#status")).to_contain_text("Replay of", timeout=30_000)
     expect(page.locator("#history")).to_contain_text("step 1 of 3")
     (tmp_path / "foreign.json").write_text('{"hello": "world"}')
     open_run_file(page, tmp_path / "foreign.json")
@@ -158,7 +158,7 @@ def test_compare_tab(browser, launched):  # noqa: F811
     page = open_page(browser, launched[1])
     page.locator("#prompt textarea").fill("Name three fruits.")
     page.locator("#settings").get_by_text("Settings").click()
-    tokens = page.get_by_label("number input for Max new tokens")
+    tokens = page.locator("#max-new input")
     tokens.fill("6")
     tokens.press("Enter")
     page.get_by_role("tab", name="Compare methods").click()
@@ -186,7 +186,7 @@ def test_page_loads_and_replays_without_a_model(browser, tmp_path):
         expect(page.locator("#status")).to_contain_text("replay", timeout=60_000)
         page.get_by_role("combobox", name="Example runs").click()  # the field, not the block's label gap
         page.get_by_role("option").first.click()
-        expect(page.locator("#status")).to_contain_text("Opened", timeout=30_000)
+        expect(page.locator("#status")).to_contain_text("Replay of", timeout=30_000)
         expect(page.locator("#tree-plot")).to_contain_text("Step 1:", timeout=30_000)
         expect(page.locator("#matrix-heatmap .js-plotly-plot")).to_have_count(1)
         assert page.locator("#output-text .tok").count() >= 1

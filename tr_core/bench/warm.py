@@ -24,19 +24,22 @@ SHIPPED = "assets/matrix/embedded.safetensors"  # the embedded model's (``compon
 
 def warm_matrix(lm, prompts: list[list[int]], max_new_tokens: int, k: int = 8, report=None):
     """Token Recycling (default settings: the auto tree, retrieval) over ``prompts`` (token ids), one
-    hot-started matrix throughout; returns the matrix.  ``report(i, n)`` after each prompt."""
+    hot-started matrix throughout; returns the matrix and the texts (prompt + output, token ids).
+    ``report(i, n)`` after each prompt."""
     from ..decoders import TokenRecyclingDecoder
     from ..matrix import AdjacencyMatrix
     from ..planner import TreePlanner
 
     matrix = AdjacencyMatrix(lm.vocab_size, k, lm.device, lm.fingerprint)
     planner = TreePlanner(lm, k=k)
+    texts = []
     for i, ids in enumerate(prompts, 1):
-        TokenRecyclingDecoder(lm, matrix=matrix, planner=planner, k=k, max_new_tokens=max_new_tokens,
-                              trace_rows=False).generate(ids)
+        out = TokenRecyclingDecoder(lm, matrix=matrix, planner=planner, k=k, max_new_tokens=max_new_tokens,
+                                    trace_rows=False).generate(ids)
+        texts.append(list(ids) + list(out))
         if report is not None:
             report(i, len(prompts))
-    return matrix
+    return matrix, texts
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -59,8 +62,9 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError(f"no calibration prompts in {args.prompts}")
         lm = load_model(args.model, "cpu", "float32")
         t0 = time.monotonic()
-        matrix = warm_matrix(lm, [lm.encode_prompt(p.text) for p in prompts], args.max_new_tokens,
-                             report=lambda i, n: print(f"\r{i}/{n} prompts", end="", file=sys.stderr, flush=True))
+        matrix, _ = warm_matrix(lm, [lm.encode_prompt(p.text) for p in prompts], args.max_new_tokens,
+                                    report=lambda i, n: print(f"\r{i}/{n} prompts", end="", file=sys.stderr,
+                                                              flush=True))
         matrix.note = (f"warmed on {len(prompts)} calibration prompts ({args.limit} a category of Spec-Bench, "
                        f"after the {SPLITS['calib']} of the evaluation split; {args.max_new_tokens} tokens each)")
         matrix.save(args.out, model_name=lm.name)

@@ -1,0 +1,159 @@
+"""A visitor's first minute without a browser: the shipped hot start and its cold contrast, Teach frames
+that hide what comes next, controls that say what they do (issue 23)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from components.counters import counters_html
+from components.handlers import Handlers
+from components.run_files import EXAMPLE_DIR, example_runs, open_run_bytes
+from components.session import PAGE_MAX_NODES, SHIPPED_MATRIX, Session, UserError
+from tr_core import AdjacencyMatrix
+
+from .test_app import PROMPT, hub, settings  # noqa: F401  (fixture)
+
+
+def page_session() -> Session:
+    """A new tab as the page makes it: its own copy of the shipped matrix."""
+    return Session(warm_file=str(SHIPPED_MATRIX))
+
+
+def test_the_shipped_matrix_fits_the_embedded_model_and_says_how_it_was_warmed(embedded_lm):
+    m = AdjacencyMatrix.load(SHIPPED_MATRIX, embedded_lm.fingerprint, embedded_lm.vocab_size)
+    assert m.k == 8 and m.writes > 3000  # thousands of rows, from decoding the calibration prompts
+    assert "calibration prompts" in m.note
+
+
+def test_a_new_tab_starts_hot_from_the_shipped_matrix_and_one_choice_shows_a_cold_start(hub):  # noqa: F811
+    sess = page_session()
+    sess.step(hub, PROMPT, settings(tree="auto"), cap=256)
+    assert "warmed on" in sess.header["matrix_start"] and "warmed on" in sess.views()[4]  # the counters say so
+    shipped = SHIPPED_MATRIX.read_bytes()
+    cold = page_session()
+    cold.step(hub, PROMPT, settings(tree="auto", start="cold"), cap=256)
+    assert "cold start" in cold.header["matrix_start"]
+    assert sess.matrix.writes > cold.matrix.writes + 1000  # cold: only the rows of the prompt and one step
+    assert cold.matrix.writes > 0  # the cold matrix fills as it decodes ...
+    cold.reset()
+    cold.step(hub, PROMPT, settings(tree="auto"), cap=256)  # ... and back to hot: the shipped rows again
+    assert "warmed on" in cold.header["matrix_start"]
+    sess.save_matrix()
+    assert SHIPPED_MATRIX.read_bytes() == shipped  # Save matrix never writes the shipped file
+
+
+def test_a_page_tree_over_the_cap_is_refused_with_the_cap_named(hub):  # noqa: F811
+    big = json.dumps([[r] for r in range(8)] + [[a, b] for a in range(8) for b in range(8)] +
+                     [[a, b, c] for a in range(2) for b in range(4) for c in range(8)])
+    assert len(json.loads(big)) > PAGE_MAX_NODES
+    with pytest.raises(UserError, match=f"at most {PAGE_MAX_NODES}"):
+        Session().step(hub, PROMPT, settings(tree=big), cap=256)
+    with pytest.raises(UserError, match="limit"):  # a long chain is refused for its depth, in words
+        Session().step(hub, PROMPT, settings(tree="chain-200"), cap=256)
+
+
+@pytest.mark.parametrize("tokens", [0, 100000])
+def test_out_of_range_token_counts_get_a_message(hub, tokens):  # noqa: F811
+    h = Handlers(hub, 256)
+    args = ("embedded", "auto", 8, tokens, True, True, "Token Recycling (TR)", 0, 1, 0, "hot")
+    out = h.step(None, PROMPT, *args, False, None)
+    assert "between 1 and 256" in out[-1]
+
+
+def test_teach_frames_show_no_verdict_before_it_happens(hub):  # noqa: F811
+    h = Handlers(hub, 256)
+    sess = Session()
+    for _ in range(2):
+        sess.step(hub, PROMPT, settings(tree="tr-16"), cap=256)
+    second = sess.race.decoder.steps[1]
+    sess.frame = 1
+    out = h.render(sess)
+    text, counters, phases = out[4], out[5], out[7]
+    assert text.count('title="step ') == len(sess.race.decoder.steps[0].committed)  # step 2's tokens not yet
+    assert ">2<" not in counters.split("forward passes")[1][:30] and "counted at phase 3" in counters
+    later = phases.split("2. verify")[1]
+    assert "Phase ▶ shows it" in later and "committed" not in later  # accept and recycle still hidden
+    sess.frame = 3
+    out = h.render(sess)
+    assert out[4].count('title="step ') == len(sess.race.decoder.output)  # accept: the new tokens are in
+    assert "counted at phase 3" not in out[5] and "Phase ▶ shows it" in out[7].split("3. accept")[1]
+    assert f"<b>{len(second.committed)}</b>" in out[7]
+
+
+def test_the_sampling_sentence_compares_the_texts_before_it_speaks():
+    fig = {"tr": {"tokens": 9, "forwards": 5, "mat": 1.8, "tok_per_s": 10.0},
+           "greedy": {"tokens": 9, "forwards": 9, "mat": 1.0, "tok_per_s": 8.0}, "speedup": 1.25,
+           "identical": True, "compared": 9}
+    assert "the same so far (9 tokens" in counters_html(fig, sampled=True)
+    assert "differ" not in counters_html(fig, sampled=True)
+    assert "differ" in counters_html({**fig, "identical": False}, sampled=True)
+    assert "MAT: tokens committed per forward pass" in counters_html(fig)  # MAT explained where it is shown
+
+
+def test_a_settings_change_says_the_next_step_starts_a_new_run(hub):  # noqa: F811
+    h = Handlers(hub, 256)
+    base = ("embedded", "auto", 8, 24, True, True, "Token Recycling (TR)", 0, 1, 0, "hot")
+    sess = h.step(None, PROMPT, *base, False, None)[0]
+    assert h.settings_changed(sess, PROMPT, *base) == sess.message  # nothing changed: nothing new to say
+    said = h.settings_changed(sess, PROMPT, *base[:-1], "cold")
+    assert "next Step starts a new run" in said and "cold start" in said
+    said = h.settings_changed(sess, PROMPT, *base[:7], 0.7, 1, 0, "hot")
+    assert "next Step starts a new run" in said
+    assert sess.race.decoder.steps  # the run shown stays until then
+
+
+def test_step_on_a_replay_goes_on_with_its_prompt_and_the_status_speaks_of_the_replay(hub):  # noqa: F811
+    h = Handlers(hub, 256)
+    sess = Session()
+    name = example_runs()[0]
+    said = open_run_bytes(sess, (EXAMPLE_DIR / f"{name}.json").read_bytes(), name)
+    prompt = sess.replay.header["prompt"]
+    assert prompt.split()[0] in said and "Replay of" in said
+    out = h.history(2, sess)
+    assert "Replay of" in out[-1]  # a slider move: the status still speaks of the replay, not "Reset."
+    out = h.prev_frame(sess)
+    assert "Replay of" in out[-1]
+    out = h.step(None, "", "embedded", "auto", 8, 12, True, True, "Token Recycling (TR)", False, sess)
+    assert sess.replay is None and sess.started_with[0] == prompt  # a live run of the replay's prompt
+    assert "replay was closed" in out[-1] and "empty" not in out[-1]
+    out = h.step(None, "", "embedded", "auto", 8, 12, True, True, "Token Recycling (TR)", False, sess)
+    assert len(sess.race.decoder.steps) == 2  # the empty box goes on with that run
+
+
+def test_run_to_end_takes_one_step_per_event_and_stops_at_the_end_or_on_reset(hub):  # noqa: F811
+    h = Handlers(hub, 256)
+    args = ("embedded", "tr-16", 8, 12, True, True, "Token Recycling (TR)")
+    out = h.run_start(None, PROMPT, *args, False, None)
+    sess = out[0]
+    assert len(sess.race.decoder.steps) == 1 and out[-5].active  # the first step, and the timer on
+    ticks = 0
+    while sess.in_progress:
+        out = h.run_tick(None, PROMPT, *args, False, sess)
+        ticks += 1
+    assert ticks == len(sess.race.decoder.steps) - 1  # one step per tick
+    assert not out[-5].active and "Done" in out[-6]
+    out = h.run_start(None, "Name a fruit.", *args, False, sess)
+    h.reset(None, sess)
+    late = h.run_tick(None, "Name a fruit.", *args, False, sess)  # a tick queued before Reset
+    assert sess.current() is None and late[-6] == "Reset." and not late[-5].active
+
+
+def test_the_warm_command_decodes_calibration_prompts_only_and_records_how(tmp_path, tiny_lm):
+    from tr_core.bench.warm import main as warm
+
+    from .test_bench import save_tiny
+
+    folder = save_tiny(tiny_lm, tmp_path)
+    prompts = tmp_path / "q.jsonl"
+    rows = [{"question_id": str(i), "category": "qa", "turns": [f"w{i} w{i + 1} w{i}"]} for i in range(12)]
+    prompts.write_text("\n".join(json.dumps(r) for r in rows))
+    out = tmp_path / "m.safetensors"
+    assert warm(["--prompts", str(prompts), "--limit", "2", "--max-new-tokens", "6", "--model", str(folder),
+                 "--out", str(out)]) == 0
+    m = AdjacencyMatrix.load(out, tiny_lm.fingerprint, tiny_lm.vocab_size)
+    assert "warmed on 2 calibration prompts" in m.note and m.writes > 0
+    few = tmp_path / "few.jsonl"  # only evaluation-split questions: nothing to warm on
+    few.write_text("\n".join(json.dumps(r) for r in rows[:10]))
+    assert warm(["--prompts", str(few), "--model", str(folder), "--out", str(tmp_path / "x.safetensors")]) == 2
+    assert not (tmp_path / "x.safetensors").exists()
