@@ -182,7 +182,8 @@ def wire(demo: gr.Blocks, h: Handlers, session, ui: dict, cmp: dict, hub: ModelH
     ui["timer"].tick(gpu["tick"], step_in, views + play, **stepping).then(**prepare)
     ui["play"].click(toggle_play, [ui["play"], ui["speed"]], play)
     ui["speed"].change(lambda v: gr.Timer(value=1.0 / float(v)), ui["speed"], ui["timer"])
-    ui["reset"].click(h.reset, session, views + play + [ui["run_timer"], *buttons]).then(**prepare)
+    # Reset queues with the steps: a step already running is drawn before it, never over it
+    ui["reset"].click(h.reset, session, views + play + [ui["run_timer"], *buttons], **model).then(**prepare)
     ui["history"].input(h.history, [ui["history"], session], views, trigger_mode="always_last")  # lands where released
     ui["teach"].change(h.teach_toggled, [ui["teach"], session], views)
     # the hidden fields are written by keyboard.js; Gradio's .input fires on typed keys only, .change on any value
@@ -204,7 +205,7 @@ def wire(demo: gr.Blocks, h: Handlers, session, ui: dict, cmp: dict, hub: ModelH
     else:
         compare, warm = gpu_task(compare_handler(hub, cap)), gpu_task(warm_or_say_handler(hub))
     cmp["go"].click(compare, [ui["prompt"], s["model"], s["max_new"]], [cmp["plot"], cmp["table"]],
-                    api_name="compare", **model)
+                    api_name="compare", show_progress_on=[cmp["table"]], **model)  # one progress bar, not two
     demo.load(warm, None, ui["status"], **model)
     demo.load(lambda: h.render(h.session(None, None))[1:-1], None, views[1:-1])  # not the status: warm-up's
     demo.unload(h.on_unload)

@@ -89,7 +89,10 @@ def tree_figure(step: Step | None, token_text, title: str = "", frame: int = 0, 
     accept, recycle.  ``picked``: a node to ring (clicked).  Each node carries its index as customdata."""
     fig = blank_figure("", "tree")
     empty = step is not None and "empty" in (step.tree.sources or [])
-    titled(fig, title or "Draft tree", FRAME_LEGEND.get(frame, LEGEND) + (EMPTY_LEGEND if empty else ""))
+    left_out = (f"<br>∅ {step.blank_drafts} places of the tree left out: their parent's row was never written, "
+                "so they would predict nothing; they get no forward and no children") \
+        if step is not None and step.blank_drafts and not empty else ""
+    titled(fig, title or "Draft tree", FRAME_LEGEND.get(frame, LEGEND) + (EMPTY_LEGEND if empty else "") + left_out)
     if step is None:
         fig.add_annotation(text="Enter a prompt and press Step", showarrow=False, font_size=16)
         return fig

@@ -10,7 +10,8 @@ import threading
 import pytest
 
 from components.model_hub import ModelHub
-from components.session import Session, Settings
+from components.handlers import make_settings
+from components.session import SHIPPED_MATRIX, Session
 from tr_core.models import EMBEDDED_LABEL
 
 from .test_app import free_port
@@ -41,9 +42,9 @@ def args_for(i: int) -> tuple:
 
 def alone(hub, i: int) -> str:
     """The output text panel the same session would show after STEPS steps with the server to itself."""
-    prompt, model, tree, k, max_new, hot, lookup, method = args_for(i)
-    sess = Session()
-    s = Settings(model, tree, k, max_new, hot, 10 if lookup else 0, "ptd" if "PTD" in method else "tr")
+    prompt, *settings = args_for(i)
+    sess = Session(warm_file=str(SHIPPED_MATRIX))  # as the page makes a tab: the shipped hot start
+    s = make_settings(*settings)
     for _ in range(STEPS):
         if sess.race is not None and sess.race.done:
             break

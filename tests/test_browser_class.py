@@ -1,0 +1,97 @@
+"""A class on one server: 8 tabs pressing Step while a ninth runs to the end (issue 23).
+
+Run to end takes one queued event per step, so every tab's Step is served between two of the
+running tab's steps: none waits for the whole run.  ``python -m tests.test_browser_class`` launches
+the app on the embedded model and prints each tab's longest wait (the figure the note reports)."""
+from __future__ import annotations
+
+import re
+import shutil
+import time
+
+import pytest
+
+from .test_app import hub, launched  # noqa: F401  (fixtures)
+
+RUNNER = "Write the numbers from one to forty in words, one per line."
+PROMPTS = ["Name three colours and say why you like each one.", "Describe a cat in two sentences.",
+           "What is the capital of France? Explain briefly.", "Give me a short tip for learning to cook.",
+           "Why is the sky blue? Keep it short.", "List four fruits and their colours.",
+           "Write one sentence about the sea.", "What does a teacher do? Answer in a sentence."]
+
+
+def forward_passes(page) -> int:
+    found = re.search(r"forward passes\s+(\d+)", page.locator("#counters").inner_text())
+    return int(found.group(1)) if found else 0
+
+
+def class_load(url: str, tabs: int = 8, steps: int = 3, chromium: str | None = None) -> dict:
+    """One tab runs ``RUNNER`` to the end while ``tabs`` others each press Step ``steps`` times (the
+    next press once the last one is drawn).  Returns each tab's waits (seconds from a press to its
+    drawn step) and whether the run was still going when every other tab had its steps."""
+    from playwright.sync_api import expect, sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium or shutil.which("chromium"),
+                                    args=["--no-sandbox", "--disable-gpu"])
+        try:
+            pages = [browser.new_context().new_page() for _ in range(tabs + 1)]
+            for page in pages:
+                page.goto(url)
+                expect(page.locator("#status")).to_contain_text("Ready", timeout=300_000)
+            runner, others = pages[0], pages[1:]
+            runner.locator("#settings").get_by_text("Settings").click()
+            runner.locator("#max-new input").fill("256")
+            runner.locator("#prompt textarea").fill(RUNNER)
+            for page, prompt in zip(others, PROMPTS * tabs):
+                page.locator("#prompt textarea").fill(prompt)
+            runner.locator("#run").click()
+            expect(runner.locator("#counters table.counters")).to_contain_text("speedup", timeout=60_000)
+            waits: list[list[float]] = [[] for _ in others]
+            pressed = [0.0] * len(others)
+            for n in range(1, steps + 1):
+                for i, page in enumerate(others):  # every tab presses at about the same moment
+                    pressed[i] = time.monotonic()
+                    page.locator("#step").click()
+                pending = set(range(len(others)))
+                deadline = time.monotonic() + 300
+                while pending and time.monotonic() < deadline:
+                    for i in list(pending):
+                        if forward_passes(others[i]) >= n:
+                            waits[i].append(time.monotonic() - pressed[i])
+                            pending.discard(i)
+                    time.sleep(0.05)
+                assert not pending, f"tabs {sorted(pending)} never got step {n}"
+            still_running = "Done" not in runner.locator("#status").inner_text()
+            expect(runner.locator("#status")).to_contain_text("Done", timeout=600_000)
+            return {"waits": waits, "run_still_going": still_running, "run_steps": forward_passes(runner)}
+        finally:
+            browser.close()
+
+
+def test_eight_tabs_are_served_while_a_ninth_runs_to_the_end(launched):  # noqa: F811
+    if shutil.which("chromium") is None:
+        pytest.skip("Debian's chromium is not installed (.ci/run installs it)")
+    out = class_load(launched[1], tabs=8, steps=2)
+    assert out["run_still_going"], "every tab's steps should be served before the other tab's run ends"
+    assert all(len(w) == 2 for w in out["waits"])
+    print("longest waits (s):", [round(max(w), 1) for w in out["waits"]], "run steps:", out["run_steps"])
+
+
+if __name__ == "__main__":
+    from app import build_app, serve
+    from components.model_hub import ModelHub
+
+    from .test_app import free_port
+
+    demo = build_app(ModelHub())
+    port = free_port()
+    serve(demo, "127.0.0.1", port, prevent_thread_lock=True, quiet=True)
+    try:
+        result = class_load(f"http://127.0.0.1:{port}/", tabs=8, steps=3)
+        for i, w in enumerate(result["waits"], 1):
+            print(f"tab {i}: waits {', '.join(f'{x:.1f}' for x in w)} s; longest {max(w):.1f} s")
+        print(f"the running tab was still running when all had their steps: {result['run_still_going']}; "
+              f"its run took {result['run_steps']} steps")
+    finally:
+        demo.close()
