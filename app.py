@@ -102,7 +102,7 @@ def step_tab(hub: ModelHub, cap: int, default_tokens: int) -> dict:
         with gr.Column(scale=3, min_width=240):
             ui["counters"] = gr.HTML(elem_id="counters")
             ui["settings"] = settings_panel(hub, cap, default_tokens)
-    with gr.Row():
+    with gr.Row(elem_id="text-row"):
         with gr.Column(scale=3):
             ui["text"] = gr.HTML(elem_id="output-text")
         with gr.Column(scale=2):
@@ -128,7 +128,7 @@ def settings_panel(hub: ModelHub, cap: int, default_tokens: int) -> dict:
         s["k"] = gr.Slider(1, 8, value=8, step=1, label="k (candidates per matrix row)")
         s["max_new"] = gr.Number(min(default_tokens, cap), precision=0, label=f"Max new tokens (1-{cap})",
                                  elem_id="max-new")  # not a slider: a value out of range gets words, not a clamp
-        s["hot"] = gr.Checkbox(True, label="Hot start (keep the matrix between prompts)")
+        s["hot"] = gr.Checkbox(True, label="Keep the matrix between prompts")
         s["lookup"] = gr.Checkbox(DEFAULT_LOOKUP > 0, label="Merge prompt lookup into the tree")
         s["temperature"] = gr.Slider(0, 2, value=0, step=0.05, elem_id="temperature",
                                      label="Temperature (0 = greedy; above 0 = lossless sampling)")
@@ -174,16 +174,17 @@ def wire(demo: gr.Blocks, h: Handlers, session, ui: dict, cmp: dict, hub: ModelH
     ui["prev"].click(h.prev_frame, session, views)
     # Run to end: the first step, then one per tick of its timer; between two of a tab's steps, other
     # tabs' queued steps run (no tab waits for another's whole run).  do_run: the whole run in one call (API).
-    ui["run"].click(gpu["run_start"], step_in, views + [ui["run_timer"], *buttons], **stepping).then(**prepare)
+    ui["run"].click(lambda: ui_running(True), None, buttons).then(  # at once: the run has begun
+        gpu["run_start"], step_in, views + [ui["run_timer"], *buttons], **stepping).then(**prepare)
     ui["run_timer"].tick(gpu["run_tick"], step_in, views + [ui["run_timer"], *buttons], trigger_mode="once",
                          **stepping).then(**prepare)
     gr.Button(visible=False).click(gpu["run"], step_in, views, api_name="do_run", **model)
-    ui["stop"].click(h.stop, session, play + [ui["run_timer"], *buttons])
+    ui["stop"].click(h.stop, session, [ui["timer"], ui["run_timer"], *buttons])
     ui["timer"].tick(gpu["tick"], step_in, views + play, **stepping).then(**prepare)
-    ui["play"].click(toggle_play, [ui["play"], ui["speed"]], play)
+    ui["play"].click(h.toggle_play, [ui["play"], ui["speed"], session], play)
     ui["speed"].change(lambda v: gr.Timer(value=1.0 / float(v)), ui["speed"], ui["timer"])
     # Reset queues with the steps: a step already running is drawn before it, never over it
-    ui["reset"].click(h.reset, session, views + play + [ui["run_timer"], *buttons], **model).then(**prepare)
+    ui["reset"].click(h.reset, session, views + [ui["timer"], ui["run_timer"], *buttons], **model).then(**prepare)
     ui["history"].input(h.history, [ui["history"], session], views, trigger_mode="always_last")  # lands where released
     ui["teach"].change(h.teach_toggled, [ui["teach"], session], views)
     # the hidden fields are written by keyboard.js; Gradio's .input fires on typed keys only, .change on any value
@@ -230,11 +231,6 @@ def warm_or_say(hub: ModelHub, progress, curve_on_gpu=None) -> str:
     except Exception as err:
         return error_text(err).replace("; this session was reset.", ".") + \
             " Example runs and run files still replay without a model."
-
-
-def toggle_play(label: str, steps_per_s: float):
-    start = label.startswith("▶")
-    return gr.Timer(value=1.0 / float(steps_per_s), active=start), gr.Button(value="❚❚ Pause" if start else "▶ Play")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -30,7 +30,7 @@ def counters_html(fig: dict | None, method_label: str = "Token Recycling", sampl
     else:
         same = ("<span class='ok'>✔ identical to greedy so far</span>" if fig["identical"]
                 else "<span class='bad'>✘ differs from greedy</span>")
-        same += f" ({fig['compared']} tokens compared)"
+        same += f" ({fig['compared']} token{'s' * (fig['compared'] != 1)} compared)"
     baseline = "Plain sampling" if sampled else "Greedy"
 
     def row(label, a, b):

@@ -145,8 +145,11 @@ class Handlers:
             if sess.replay is not None and sess.current() is None and sess.started_with is None:
                 if not str(prompt or "").strip():  # nothing typed: the replay's own prompt, run live
                     sess.borrowed_prompt = str(sess.replay.header.get("prompt", ""))
+                borrowed = sess.borrowed_prompt is not None
                 sess.replay = None  # a replay ends when the visitor steps a prompt (the file is unchanged)
-                sess.notice = "The replay was closed (its file is unchanged); this is a live run. "
+                method = next((k for k, v in METHODS.items() if v == make_settings(*rest).method), "")
+                sess.notice = (f"The replay was closed (its file is unchanged); this is a live run of "
+                               f"{'its prompt' if borrowed else 'your prompt'} with {method}. ")
             with sess.working():
                 self.advance(sess, prompt, make_settings(*rest))
             sess.frame = 1 if teach else 0
@@ -162,19 +165,25 @@ class Handlers:
         sess.stop, sess.frame = False, 0
         out = self.step(request, prompt, *rest, False, sess)
         sess = out[0]
+        sess.running = sess.current()  # the ticks step this run, whatever the fields say meanwhile
         going = sess.in_progress and not out[-1].startswith("⚠️")
         return (*out, gr.Timer(active=going), *ui_running(going))
 
     def run_tick(self, request: gr.Request, prompt, *args):
         """One step of Run to end; the run timer stops at the end, on Stop or Reset, or on an error."""
-        *rest, _teach, sess = args
-        sess = self.session(sess, request)
-        if sess.stop or not sess.in_progress:
+        sess = self.session(args[-1], request)
+        run = sess.running
+        if sess.stop or run is None or sess.current() is not run or not sess.in_progress:
             message = "Stopped: Step or Run to end go on from here." if sess.stop and sess.in_progress else ""
             return (*self.render(sess, message), gr.Timer(active=False), *ui_running(False))
-        out = self.step(request, prompt, *rest, False, sess)
-        sess = out[0]
-        if sess.in_progress and not out[-1].startswith("⚠️") and not sess.stop:
+        try:
+            with sess.working():
+                sess.last_active = time.monotonic()
+                sess.next_step(run)  # this run, even if the prompt or a setting was edited meanwhile
+            out = self.render(sess)
+        except Exception as err:
+            out = self.failed(sess, err)
+        if sess.in_progress and sess.current() is run and not out[-1].startswith("⚠️") and not sess.stop:
             return (*out, gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip())
         return (*out, gr.Timer(active=False), *ui_running(False))
 
@@ -205,6 +214,8 @@ class Handlers:
     def tick(self, request: gr.Request, prompt, *args):
         """Play: the next frame in Teach mode, else the next step; stops at the end or on an error."""
         *rest, teach, sess = args
+        if sess is not None and sess.stop:  # a tick queued behind Stop or Reset draws nothing new
+            return (*self.render(sess), gr.Timer(active=False), gr.Button(value="▶ Play"))
         out = self.next_frame(request, prompt, *args) if teach else self.step(request, prompt, *args)
         sess = out[0]
         if sess.in_progress and not out[-1].startswith("⚠️"):
@@ -245,7 +256,15 @@ class Handlers:
     def stop(self, sess: Session | None):
         if sess is not None:
             sess.stop = True
-        return gr.Timer(active=False), gr.Button(value="▶ Play"), gr.Timer(active=False), *ui_running(False)
+        return gr.Timer(active=False), gr.Timer(active=False), *ui_running(False)
+
+    def toggle_play(self, label: str, steps_per_s: float, sess: Session | None):
+        """Play / Pause: the Play timer on or off (Play clears an earlier Stop or Reset)."""
+        start = str(label).startswith("▶")
+        if sess is not None:
+            sess.stop = not start
+        return (gr.Timer(value=1.0 / float(steps_per_s), active=start),
+                gr.Button(value="❚❚ Pause" if start else "▶ Play"))
 
     def reset(self, request: gr.Request, sess):
         """Final: a run in progress ends at its next step, and the step in flight (if any) is waited
@@ -254,8 +273,7 @@ class Handlers:
         sess.stop = True
         sess.wait_idle(RESET_WAIT)
         sess.reset()
-        return (*self.render(sess, "Reset."), gr.Timer(active=False), gr.Button(value="▶ Play"),
-                gr.Timer(active=False), *ui_running(False))
+        return (*self.render(sess, "Reset."), gr.Timer(active=False), gr.Timer(active=False), *ui_running(False))
 
     def history(self, n, sess: Session | None):
         sess = sess or Session()
@@ -331,9 +349,10 @@ class Handlers:
 
 
 def ui_running(running: bool) -> tuple:
-    """Step, Play, Run to end and Stop while a run holds the session (True) or not."""
-    return (gr.Button(interactive=not running), gr.Button(interactive=not running),
-            gr.Button(visible=not running), gr.Button(visible=running))
+    """Step, Play, Run to end and Stop while a run holds the session (True) or not (Play reads
+    "▶ Play" then: its timer is off)."""
+    play = gr.Button(interactive=False) if running else gr.Button(interactive=True, value="▶ Play")
+    return gr.Button(interactive=not running), play, gr.Button(visible=not running), gr.Button(visible=running)
 
 
 def gpu_wrapped(handlers: Handlers) -> dict:

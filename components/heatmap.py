@@ -37,9 +37,10 @@ def heatmap_figure(step: Step | None, token_text, frame: int = 0, picked: list[i
                            "No rows yet: press Step.<br>" + EMPTY_START, showarrow=False, font_size=13)
         fig.update_layout(xaxis=dict(visible=False), yaxis=dict(visible=False))
         return fig
-    rows = _ordered_rows(step, picked or [])
+    guessing = frame in (1, 2)  # Teach mode before the verdict: nothing may tell which path is accepted
+    rows = _ordered_rows(step, picked or [], by_path=not guessing)
     shown = rows[:MAX_ROWS]
-    path_tokens = {step.tree.tokens[i] for i in step.accepted_path}
+    path_tokens = {step.tree.tokens[0]} if guessing else {step.tree.tokens[i] for i in step.accepted_path}
     z, text, hover, ylabels = [], [], [], []
     for r in shown:
         zr, tr_, hr = _row_cells(r, token_text, before)
@@ -56,18 +57,23 @@ def heatmap_figure(step: Step | None, token_text, frame: int = 0, picked: list[i
             fig.add_shape(type="rect", x0=-0.5, x1=k - 0.5, y0=n - 0.5, y1=n + 0.5, line=dict(color="#d0455b", width=3))
     more = f" (+{len(rows) - len(shown)} more)" if len(rows) > len(shown) else ""
     blank = sum(1 for r in step.rows_written if not any(r.old))
-    note = f" · {blank} were empty" if blank else ""
-    titled(fig, f"The matrix M: {len(rows)} rows written this step{more}{note}", BEFORE if before else AFTER)
+    note = f" · {blank} {'was' if blank == 1 else 'were'} empty" if blank else ""
+    title = (f"The matrix M: the {len(rows)} rows of this step's tree{more}" if guessing else
+             f"The matrix M: {len(rows)} rows written this step{more}{note}")
+    titled(fig, title, BEFORE if before else AFTER)
     fig.update_layout(yaxis=dict(tickmode="array", tickvals=list(range(len(shown))), ticktext=ylabels,
                                  autorange="reversed", tickfont=dict(size=10)), xaxis=dict(side="top", title=None))
     return fig
 
 
-def _ordered_rows(step: Step, picked: list[int]) -> list[RowUpdate]:
-    """Picked rows first, then the accepted path's rows in path order, then the rest."""
-    path = [step.tree.tokens[i] for i in step.accepted_path]
+def _ordered_rows(step: Step, picked: list[int], by_path: bool = True) -> list[RowUpdate]:
+    """Picked rows first, then the accepted path's rows in path order (``by_path``; else the root's
+    alone, as before the verdict), then the rest in tree order."""
+    path = [step.tree.tokens[i] for i in (step.accepted_path if by_path else [0])]
+    tokens = step.tree.tokens
     def key(r: RowUpdate):
-        return (r.token not in picked, r.token not in path, path.index(r.token) if r.token in path else 0)
+        return (r.token not in picked, r.token not in path, path.index(r.token) if r.token in path else 0,
+                tokens.index(r.token) if r.token in tokens else len(tokens))  # the rest: where the tree has them
     return sorted(step.rows_written, key=key)
 
 

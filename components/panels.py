@@ -46,7 +46,7 @@ def draw_panels(view: RunView | None, n: int | None = None, frame: int = 0, pick
             charts_figure([len(s.committed) for s in view.steps[:done]], view.speedups(done), max_len=view.lookahead),
             phase_html(step, text_of, frame),
             acceptance_figure(view.steps, done),
-            text_alternative(view, n))
+            text_alternative(view, n, frame))
 
 
 def tree_title(view: RunView, n: int) -> str:
@@ -73,11 +73,14 @@ def picked_rows(step, picked: int | None) -> list[int]:
     return [own] if picked == 0 else [t.tokens[t.parents[picked]], own]
 
 
-def text_alternative(view: RunView, n: int) -> str:
-    """The plots in words, for screen readers."""
+def text_alternative(view: RunView, n: int, frame: int = 0) -> str:
+    """The plots in words, for screen readers (Teach mode's frames 1-2: the drafts, no verdict yet)."""
     step = view.step(n)
     if step is None:
         return "Nothing decoded yet."
+    if frame in (1, 2):
+        words = f"Step {n} of {len(view.steps)}, phase {frame}: {step.tree.size} draft nodes; the verdict comes at phase 3."
+        return "<div class='sr-only' role='note'>" + html.escape(words) + "</div>"
     t, say = step.tree, view.token_text
     path = " ".join(visible(say(t.tokens[i]), 20) for i in step.accepted_path[1:]) or "none"
     own = visible(say(step.model_choices[step.accepted_path[-1]]), 20) if step.committed else "none"

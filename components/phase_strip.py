@@ -35,8 +35,9 @@ def _blank_count(step: Step) -> int:
 
 
 def _early(step: Step) -> bool:
-    blank = _blank_count(step)
-    return blank * 3 >= max(step.tree.size + step.blank_drafts, 1) or (step.index <= 3 and step.accepted_drafts == 0)
+    """Whether the matrix is still mostly empty for this step (a third or more of its drafts blank):
+    a hot start's first steps are not."""
+    return _blank_count(step) * 3 >= max(step.tree.size + step.blank_drafts, 1)
 
 
 def _phase_body(step: Step | None, token_text, frame: int = 0) -> str:
@@ -60,7 +61,8 @@ def _phase_body(step: Step | None, token_text, frame: int = 0) -> str:
     extra = (f" A further {looked} came from repeating what followed the same words earlier in the text "
              f"(prompt lookup)." if looked else "")
     cells = [
-        ("retrieve", f"From the last token <b>{root}</b>, {from_matrix} draft tokens were read out of the matrix, "
+        ("retrieve", f"From the last token <b>{root}</b>, {from_matrix} draft token{'s' * (from_matrix != 1)} "
+                     f"{'were' if from_matrix != 1 else 'was'} read out of the matrix, "
                      f"branch by branch{_blank(step)} ({ms.get('retrieve', 0):.1f} ms).{extra}"),
         ("verify", f"One forward pass of {step.forward_tokens} tokens checked every branch at once, each token "
                    f"seeing only its ancestors ({ms.get('forward', 0):.0f} ms)."),

@@ -127,12 +127,17 @@ class Session:
     busy: int = 0  # steps of this tab in flight (Reset waits for them)
     epoch: int = 0  # counts resets: a run set up across one is dropped
     borrowed_prompt: str | None = None  # a replay's prompt, stepped live while the prompt box is empty
+    running: object = None  # the run Run to end steps (its ticks never start another)
+    loaded: bool = False  # the matrix came from "Load matrix": the next race drafts from it, whatever the start
 
     # ---- lifecycle -------------------------------------------------------------------------
     def matrix_for(self, lm: LoadedModel, k: int, hot_start: bool, cold: bool = False) -> AdjacencyMatrix:
         """The matrix the next race drafts from: this tab's own, carried over from its earlier prompts
         (``hot_start``), else a fresh one (:meth:`fresh_matrix`); ``cold``: empty, on purpose."""
         m = self.matrix
+        if self.loaded and m is not None and m.fingerprint == lm.fingerprint and m.k == k:
+            self.matrix, self.cold, self.loaded = m.to(lm.device), False, False
+            return self.matrix
         if cold:
             if m is None or not self.cold or m.fingerprint != lm.fingerprint or m.k != k or not hot_start:
                 m = AdjacencyMatrix(lm.vocab_size, k, lm.device, lm.fingerprint)
@@ -155,7 +160,8 @@ class Session:
         if self.warm_file and not self.start_file and Path(self.warm_file).is_file():
             try:
                 m = AdjacencyMatrix.load(self.warm_file, lm.fingerprint, lm.vocab_size, lm.device)
-                if m.k == k:
+                if m.k >= k:  # rows are sorted by rank: fewer candidates are their first k
+                    m = m.narrowed(k)
                     m.note = f"hot start: a matrix {m.note or 'warmed on calibration prompts'}"
                     return m
             except MatrixFileError:
@@ -323,7 +329,7 @@ class Session:
         self.epoch += 1  # a step or recording begun before this is dropped when it ends (Superseded)
         self.race, self.started_with, self.message = None, None, "Reset."  # until the next step says more
         self.replay, self.header, self.shown, self.frame, self.picked = None, None, None, 0, None
-        self.recorded, self.revealed, self.borrowed_prompt = None, 0, None
+        self.recorded, self.revealed, self.borrowed_prompt, self.running = None, 0, None, None
 
     def close(self) -> bool:
         """Free what the session holds (decoders, KV caches, matrix, planner); True when it was open
@@ -343,7 +349,7 @@ class Session:
         name = self.race.decoder.lm.name if self.race is not None else (self.header or {}).get("model", "")
         path = Path(tempfile.mkdtemp(dir=folder)) / "token_recycling_matrix.safetensors"
         self.matrix.save(path, model_name=name)
-        if self.start_file:
+        if self.start_file and Path(self.start_file).resolve() != SHIPPED_MATRIX.resolve():  # never the shipped one
             self.matrix.save(self.start_file, model_name=name)
         return str(path)
 
@@ -354,6 +360,7 @@ class Session:
             self.matrix = AdjacencyMatrix.load(path, lm.fingerprint, lm.vocab_size, "cpu")
         except (MatrixFileError, ModelLoadError) as err:
             raise UserError(str(err)) from None
+        self.matrix.note, self.loaded = "loaded from a matrix file", True
         self.race, self.recorded, self.started_with = None, None, None
 
     # ---- views and run files ----------------------------------------------------------------

@@ -91,9 +91,12 @@ def with_progress(work, report, every: float = 0.5):
 
 
 def warm_kernels(lm) -> None:
-    """One forward of every size the planner may choose, over a short cache: the kernels' first calls
-    (oneDNN builds a primitive per shape) happen here, not in a visitor's first steps."""
-    time_forwards(lm, COST_LENGTHS, prefix=32, repeats=1)
+    """Forwards of every size the cost curve covers (1-96 tokens; two rounds, over a short cache),
+    once per loaded model: the kernels' first calls (oneDNN builds a primitive per shape) happen here,
+    not in a visitor's first steps."""
+    if not lm.kernels_warm:
+        time_forwards(lm, COST_LENGTHS, prefix=32, repeats=1)
+        lm.kernels_warm = True
 
 
 def warm_up(hub, progress, curve_on_gpu=None) -> str:
@@ -103,6 +106,7 @@ def warm_up(hub, progress, curve_on_gpu=None) -> str:
     lm = with_progress(lambda: hub.get(None),
                        lambda t: progress((0, 3), desc=f"Step 1 of 3: loading the model ({t:.0f} s so far)"))
     cached = load_cached_curve(lm)
+    warmed = "kernels warmed" if not curve_on_gpu else "kernels warm in each GPU call"
     if cached and not curve_on_gpu:  # measuring the curve warms them too (on ZeroGPU, only a GPU call could)
         with_progress(lambda: warm_kernels(lm),
                       lambda t: progress((1, 3), desc=f"Step 2 of 3: first forwards of 1-96 tokens ({t:.0f} s)"))
@@ -113,11 +117,12 @@ def warm_up(hub, progress, curve_on_gpu=None) -> str:
         with_progress(measure, lambda t: progress((2, 3), desc=f"Step 3 of 3: timing forwards of 1-96 tokens for "
                                                                f"the auto tree, once per model and device ({t:.0f} s so far)"))
         save_curve(lm)
+        lm.kernels_warm = not curve_on_gpu  # the curve's forwards ran every size here
         how = "cost curve measured and cached"
     progress((3, 3), desc="Ready")
     why = f"; {lm.dtype_reason}" if lm.dtype_reason and not lm.dtype_reason.startswith("float32: the default") else ""
     return (f"Ready: {lm.name} on {describe_device(lm)} ({precision_words(lm.dtype)}{why}; prompts through the "
-            f"{lm.template}; kernels warmed; {how}).")
+            f"{lm.template}; {warmed}; {how}).")
 
 
 def describe_device(lm) -> str:

@@ -1,7 +1,6 @@
-"""The draft tree of one step as a plotly figure, laid out top-down by depth with networkx."""
+"""The draft tree of one step as a plotly figure, laid out top-down by depth as a tidy tree."""
 from __future__ import annotations
 
-import networkx as nx
 import plotly.graph_objects as go
 
 from tr_core.trace import Step
@@ -15,20 +14,33 @@ COLORS = {"root": "#1f4e99", "accepted": "#2e9d4f", "rejected": "#b8bec6", "bonu
 
 
 def tree_layout(parents: list[int], depths: list[int]) -> dict[int, tuple[float, float]]:
-    """Positions: one row per depth (root on top, y = -depth); across a row, nodes in the order of their
-    parents (then their own index), so that no two edges cross."""
-    if len(depths) == 1:
+    """Positions: one row per depth (root on top, y = -depth); across, a tidy tree: leaves side by side
+    in the order of their parents, each parent centred over its children, so every subtree sits under
+    its own parent and no two edges cross.  x spans [-1, 1]."""
+    n = len(depths)
+    if n == 1:
         return {0: (0.0, 0.0)}
-    g = nx.Graph()
-    g.add_nodes_from(range(len(depths)))
-    rank: dict[int, int] = {}  # a node's place across its row
-    rows: dict[int, list[int]] = {}
-    for d in sorted(set(depths)):
-        row = sorted((i for i, di in enumerate(depths) if di == d), key=lambda i: (rank.get(parents[i], -1), i))
-        rank.update((i, n) for n, i in enumerate(row))
-        rows[d] = row
-    pos = nx.multipartite_layout(g, subset_key=rows, align="horizontal", scale=1.0)  # a dict keeps row order
-    return {i: (float(x), -float(depths[i])) for i, (x, _) in pos.items()}
+    children: list[list[int]] = [[] for _ in range(n)]
+    for i in range(1, n):
+        children[max(parents[i], 0)].append(i)  # a forest's other tops (parent -1) hang beside the root's
+    x = [0.0] * n
+    walk = _preorder(children)
+    slot = {i: k for k, i in enumerate(i for i in walk if not children[i])}  # leaves left to right
+    for i in reversed(walk):  # children before their parents
+        x[i] = float(slot[i]) if not children[i] else sum(x[c] for c in children[i]) / len(children[i])
+    lo, hi = min(x), max(x)
+    span = (hi - lo) or 1.0
+    return {i: (2.0 * (x[i] - lo) / span - 1.0 if hi > lo else 0.0, -float(depths[i])) for i in range(n)}
+
+
+def _preorder(children: list[list[int]]) -> list[int]:
+    """Node indices root first, each subtree whole before the next (depth first, children in order)."""
+    out, stack = [], [0]
+    while stack:
+        i = stack.pop()
+        out.append(i)
+        stack.extend(reversed(children[i]))
+    return out
 
 
 def blank_figure(title: str, uirevision: str) -> go.Figure:
@@ -111,7 +123,7 @@ def tree_figure(step: Step | None, token_text, title: str = "", frame: int = 0, 
     if show_path:
         fig.add_trace(edge_trace([(pos[a], pos[b]) for a, b in zip(step.accepted_path, step.accepted_path[1:])],
                                  COLORS["accepted"], 4))
-    _node_trace(fig, step, token_text, pos, kinds, sources, picked)
+    _node_trace(fig, step, token_text, pos, kinds, sources, picked, frame)
     if show_path and step.committed:
         _bonus_trace(fig, step, token_text, pos, depths)
     if step.sampled and show_path and len(step.accepted_path) > 1:  # the draw at each level, on the path it chose
@@ -130,7 +142,7 @@ def _frame_axes(fig: go.Figure, pos: dict, depths: list[int]) -> None:
     fig.update_yaxes(range=[-max(deepest + 1.0, 2.5), 0.45])
 
 
-def _node_trace(fig, step: Step, token_text, pos, kinds, sources, picked) -> None:
+def _node_trace(fig, step: Step, token_text, pos, kinds, sources, picked, frame: int = 0) -> None:
     t, depths = step.tree, step.tree.depths
     per_depth = {d: depths.count(d) for d in set(depths)}
     order = sorted(range(len(kinds)), key=lambda j: kinds[j] in ("accepted", "root", "match"))  # dim ones first
@@ -148,7 +160,7 @@ def _node_trace(fig, step: Step, token_text, pos, kinds, sources, picked) -> Non
         colors.append(color)
         sizes.append(size)
         symbols.append(symbol)
-        hovers.append(_hover(step, j, token_text, sources))
+        hovers.append(_hover(step, j, token_text, sources, frame))
     fig.add_trace(go.Scatter(
         x=[pos[j][0] for j in order], y=[pos[j][1] for j in order], mode="markers+text", text=labels,
         textposition="bottom center", customdata=order,
@@ -162,7 +174,9 @@ def _node_trace(fig, step: Step, token_text, pos, kinds, sources, picked) -> Non
                                  marker=dict(size=30, symbol="circle-open", color="#d0455b", line_width=3)))
 
 
-def _hover(step: Step, i: int, token_text, sources) -> str:
+def _hover(step: Step, i: int, token_text, sources, frame: int = 0) -> str:
+    """A node's hover text; Teach mode's frame 1 (retrieve) tells no verdict nor the model's choice,
+    frame 2 (verify) the choice but not yet which path was accepted."""
     t = step.tree
     tok = t.tokens[i]
     text = visible(token_text(tok), 30)
@@ -173,9 +187,11 @@ def _hover(step: Step, i: int, token_text, sources) -> str:
     verdict = "accepted" if i in step.accepted_path else "rejected"
     where = "an empty matrix row (never written: a blank draft)" if sources[i] == "empty" else sources[i]
     what = "token sampled" if step.sampled else "model's choice"
-    return (f"<b>{text}</b> (id {tok}) — {verdict}<br>depth {t.depths[i]}, rank {t.ranks[i]} under its parent, "
-            f"from {where}<br>{what} after the parent: "
-            f"{visible(token_text(choice), 30) if choice is not None else '?'}<br>click: show its matrix rows")
+    head = f"<b>{text}</b> (id {tok})" + (f" — {verdict}" if frame not in (1, 2) else "")
+    said = "" if frame == 1 else (f"<br>{what} after the parent: "
+                                  f"{visible(token_text(choice), 30) if choice is not None else '?'}")
+    return (f"{head}<br>depth {t.depths[i]}, rank {t.ranks[i]} under its parent, from {where}{said}"
+            "<br>click: show its matrix rows")
 
 
 def _bonus_trace(fig, step: Step, token_text, pos, depths) -> None:

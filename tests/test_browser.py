@@ -155,8 +155,7 @@ def test_two_tabs_at_once_a_step_is_served_while_the_other_tab_runs_to_the_end(l
             assert "Done" not in first.locator("#status").inner_text()  # served while the other run goes on
             expect(second.locator("#counters")).to_contain_text("identical to greedy", timeout=30_000)
             assert passes(second) == 1
-            second.locator("#step").click()  # the second tab's panels stay while its step waits
-            assert "forward passes" in second.locator("#counters").inner_text()
+            second.locator("#step").click()
             for _ in range(120):
                 if passes(second) == 2:
                     break

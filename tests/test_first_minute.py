@@ -30,7 +30,6 @@ def test_a_new_tab_starts_hot_from_the_shipped_matrix_and_one_choice_shows_a_col
     sess = page_session()
     sess.step(hub, PROMPT, settings(tree="auto"), cap=256)
     assert "warmed on" in sess.header["matrix_start"] and "warmed on" in sess.views()[4]  # the counters say so
-    shipped = SHIPPED_MATRIX.read_bytes()
     cold = page_session()
     cold.step(hub, PROMPT, settings(tree="auto", start="cold"), cap=256)
     assert "cold start" in cold.header["matrix_start"]
@@ -39,8 +38,31 @@ def test_a_new_tab_starts_hot_from_the_shipped_matrix_and_one_choice_shows_a_col
     cold.reset()
     cold.step(hub, PROMPT, settings(tree="auto"), cap=256)  # ... and back to hot: the shipped rows again
     assert "warmed on" in cold.header["matrix_start"]
-    sess.save_matrix()
-    assert SHIPPED_MATRIX.read_bytes() == shipped  # Save matrix never writes the shipped file
+
+
+def test_save_matrix_never_writes_the_shipped_file_even_when_named_as_the_servers(hub, tmp_path):  # noqa: F811
+    shipped = SHIPPED_MATRIX.read_bytes()
+    sess = Session(start_file=str(SHIPPED_MATRIX), warm_file=str(SHIPPED_MATRIX))  # TR_MATRIX = the shipped file
+    sess.step(hub, PROMPT, settings(tree="tr-16"), cap=256)
+    assert sess.matrix.writes > 0
+    sess.save_matrix(folder=str(tmp_path))  # the download is written ...
+    assert SHIPPED_MATRIX.read_bytes() == shipped  # ... the shipped file is not
+
+
+def test_a_loaded_matrix_is_used_whatever_the_start_and_k_below_8_keeps_the_hot_start(hub, tmp_path):  # noqa: F811
+    sess = page_session()
+    sess.step(hub, PROMPT, settings(tree="tr-16", start="cold"), cap=256)
+    path = sess.save_matrix(folder=str(tmp_path))
+    other = page_session()
+    other.step(hub, PROMPT, settings(tree="tr-16", start="cold"), cap=256)
+    other.load_matrix(hub, path, settings())
+    loaded = other.matrix
+    other.step(hub, "Another prompt, please.", settings(tree="tr-16"), cap=256)  # hot: the loaded matrix
+    assert other.matrix is loaded and "loaded from a matrix file" in other.header["matrix_start"]
+    narrow = page_session()
+    narrow.step(hub, PROMPT, settings(tree="auto", k=4), cap=256)
+    assert narrow.matrix.k == 4 and narrow.matrix.writes > 3000  # the shipped rows' first 4 candidates
+    assert "warmed on" in narrow.header["matrix_start"]
 
 
 def test_a_page_tree_over_the_cap_is_refused_with_the_cap_named(hub):  # noqa: F811
@@ -74,6 +96,9 @@ def test_teach_frames_show_no_verdict_before_it_happens(hub):  # noqa: F811
     assert ">2<" not in counters.split("forward passes")[1][:30] and "counted at phase 3" in counters
     later = phases.split("2. verify")[1]
     assert "Phase ▶ shows it" in later and "committed" not in later  # accept and recycle still hidden
+    hovers = " ".join(h for t in out[1].data for h in (t.hovertext or []) if isinstance(h, str))
+    assert "accepted" not in hovers and "rejected" not in hovers and "choice" not in hovers  # nor on hover
+    assert "verdict comes at phase 3" in out[9]  # nor in the words for screen readers
     sess.frame = 3
     out = h.render(sess)
     assert out[4].count('title="step ') == len(sess.race.decoder.output)  # accept: the new tokens are in
@@ -134,6 +159,9 @@ def test_run_to_end_takes_one_step_per_event_and_stops_at_the_end_or_on_reset(hu
     assert ticks == len(sess.race.decoder.steps) - 1  # one step per tick
     assert not out[-5].active and "Done" in out[-6]
     out = h.run_start(None, "Name a fruit.", *args, False, sess)
+    run = sess.race
+    out = h.run_tick(None, "Something else typed meanwhile.", *args[:2], 4, *args[3:], False, sess)
+    assert sess.race is run and len(run.decoder.steps) == 2  # edits while it runs never replace the run
     h.reset(None, sess)
     late = h.run_tick(None, "Name a fruit.", *args, False, sess)  # a tick queued before Reset
     assert sess.current() is None and late[-6] == "Reset." and not late[-5].active

@@ -72,6 +72,18 @@ class AdjacencyMatrix:
         m.table, m.fingerprint, m.writes, m.note = self.table.to(device), self.fingerprint, self.writes, self.note
         return m
 
+    def narrowed(self, k: int) -> "AdjacencyMatrix":
+        """Its first ``k`` candidates a row (rows are sorted by rank, as ``topk`` writes them): itself
+        where it holds ``k`` already."""
+        if k == self.k:
+            return self
+        if not 1 <= k < self.k:
+            raise ValueError(f"k must be between 1 and {self.k} (got {k})")
+        m = AdjacencyMatrix(self.vocab_size, k, self.table.device, self.fingerprint)
+        m.table.copy_(self.table[:, :k])
+        m.writes, m.note = self.writes, self.note
+        return m
+
     # ---- phase 1: retrieve -------------------------------------------------------------
     def retrieve_draft_tree(self, root: torch.Tensor, tree: TreeTensors) -> torch.Tensor:
         """BFS from ``root`` (a 0-d long tensor) over ``tree``: returns ``tokens [q]``, root first.

@@ -167,8 +167,9 @@ def plan_tree(universe: TreeShape, estimate, cost, extra: int = 0, min_nodes: in
 def allocate(estimates: list[float], parents: list[int], budget: int) -> list[int]:
     """A step's ``budget`` draft nodes, the best by estimated acceptance: best-first from the root
     over a candidate tree (node ``i`` > 0: ``estimates[i - 1]``, parent ``parents[i]``; parents
-    precede children).  Every node counts once when accepted, so the kept set has the largest
-    expected tokens of the parent-closed sets grown this way.
+    precede children).  Every node counts once when accepted, so where estimates do not rise from a
+    node to its children (as acceptance rates of a path do not) the kept set has the largest expected
+    tokens of any parent-closed set of that size; elsewhere, of those grown best-first.
 
     Returns the kept nodes, root first, in order."""
     children: dict[int, list[int]] = {}

@@ -2,7 +2,8 @@
 
 The paper's hot start keeps ``M`` from one request to the next, so a server that has answered
 earlier requests drafts from rows already written.  This command plays those earlier requests: it
-decodes prompts of the calibration split (never the evaluation split nor the page's examples)
+decodes prompts of the calibration split (never the evaluation split nor the page's examples,
+``assets/examples.json``, which are left out wherever they occur)
 with Token Recycling's default settings, one matrix throughout, and saves that matrix.  The app
 starts every new tab from its own copy of it (``components.session``), and says so; a visitor can
 switch to a cold start (an empty matrix) to see the difference.
@@ -14,32 +15,51 @@ The file records the command, the split and the prompt count (its ``note``).
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
+from pathlib import Path
 
 from .data import SPLITS, load_prompts
 
 SHIPPED = "assets/matrix/embedded.safetensors"  # the embedded model's (``components.session.SHIPPED_MATRIX``)
+EXAMPLES = Path(__file__).resolve().parents[2] / "assets" / "examples.json"  # the page's example prompts
+
+
+def page_examples(path: Path = EXAMPLES) -> set[str]:
+    """The prompts the page offers as examples (none where the file is missing): never warmed on."""
+    try:
+        return {str(e["prompt"]).strip() for e in json.loads(Path(path).read_text())}
+    except (OSError, ValueError, KeyError, TypeError):
+        return set()
+
+
+def first_per_category(prompts: list, limit: int) -> list:
+    """The first ``limit`` prompts of each category, in order."""
+    seen: dict[str, int] = {}
+    kept = []
+    for p in prompts:
+        seen[p.category] = seen.get(p.category, 0) + 1
+        if seen[p.category] <= limit:
+            kept.append(p)
+    return kept
 
 
 def warm_matrix(lm, prompts: list[list[int]], max_new_tokens: int, k: int = 8, report=None):
     """Token Recycling (default settings: the auto tree, retrieval) over ``prompts`` (token ids), one
-    hot-started matrix throughout; returns the matrix and the texts (prompt + output, token ids).
-    ``report(i, n)`` after each prompt."""
+    hot-started matrix throughout; returns the matrix.  ``report(i, n)`` after each prompt."""
     from ..decoders import TokenRecyclingDecoder
     from ..matrix import AdjacencyMatrix
     from ..planner import TreePlanner
 
     matrix = AdjacencyMatrix(lm.vocab_size, k, lm.device, lm.fingerprint)
     planner = TreePlanner(lm, k=k)
-    texts = []
     for i, ids in enumerate(prompts, 1):
-        out = TokenRecyclingDecoder(lm, matrix=matrix, planner=planner, k=k, max_new_tokens=max_new_tokens,
-                                    trace_rows=False).generate(ids)
-        texts.append(list(ids) + list(out))
+        TokenRecyclingDecoder(lm, matrix=matrix, planner=planner, k=k, max_new_tokens=max_new_tokens,
+                              trace_rows=False).generate(ids)
         if report is not None:
             report(i, len(prompts))
-    return matrix, texts
+    return matrix
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -57,16 +77,19 @@ def main(argv: list[str] | None = None) -> int:
     if args.limit < 1 or args.max_new_tokens < 1:
         ap.error("--limit and --max-new-tokens must be at least 1")
     try:
-        prompts = load_prompts(args.prompts, args.limit, offset=SPLITS["calib"])
+        examples = page_examples()
+        prompts = [p for p in load_prompts(args.prompts, None, offset=SPLITS["calib"]) if p.text.strip() not in examples]
+        prompts = first_per_category(prompts, args.limit)
         if not prompts:
             raise ValueError(f"no calibration prompts in {args.prompts}")
         lm = load_model(args.model, "cpu", "float32")
         t0 = time.monotonic()
-        matrix, _ = warm_matrix(lm, [lm.encode_prompt(p.text) for p in prompts], args.max_new_tokens,
+        matrix = warm_matrix(lm, [lm.encode_prompt(p.text) for p in prompts], args.max_new_tokens,
                                     report=lambda i, n: print(f"\r{i}/{n} prompts", end="", file=sys.stderr,
                                                               flush=True))
-        matrix.note = (f"warmed on {len(prompts)} calibration prompts ({args.limit} a category of Spec-Bench, "
-                       f"after the {SPLITS['calib']} of the evaluation split; {args.max_new_tokens} tokens each)")
+        matrix.note = (f"warmed on {len(prompts)} calibration prompts (up to {args.limit} a category of Spec-Bench, "
+                       f"after the {SPLITS['calib']} of the evaluation split, none of the page's examples; "
+                       f"{args.max_new_tokens} tokens each)")
         matrix.save(args.out, model_name=lm.name)
     except (OSError, ValueError, ModelLoadError) as err:
         print(f"error: {err}", file=sys.stderr)

@@ -63,8 +63,10 @@ class TokenRecyclingDecoder(TreeDecoder):
         self.lookup = DEFAULT_LOOKUP if lookup is None else int(lookup)
         if tree is None or tree == "default" or node_budget is not None:
             tree = DEFAULT_TREE
-        if node_budget is not None and (node_budget < 1 or (planner is not None and planner.budget != node_budget)):
-            raise ValueError("node_budget must be at least 1 (and the planner's own budget, if one is given)")
+        if node_budget is not None and node_budget < 1:
+            raise ValueError("node_budget must be at least 1")
+        if planner is not None and planner.budget != node_budget:  # else the budget would plan unchecked
+            raise ValueError(f"the planner's budget ({planner.budget}) and node_budget ({node_budget}) must agree")
         self.node_budget = node_budget
         self.planner = (planner or TreePlanner(lm, k=k, budget=node_budget)) if tree == "auto" else None
         if self.planner is not None:
@@ -221,7 +223,7 @@ class TokenRecyclingDecoder(TreeDecoder):
         Returns (tokens [q'], tree tensors, kept, drafted, the tree nodes' sources, grafted count,
         offered: as ``graft_lookup``'s)."""
         planner, n_tree = self.planner, tokens.shape[0]
-        estimates = self.node_estimates(tokens, tree, drafted)  # [n_tree - 1]
+        estimates = self.node_estimates(drafted)  # [n_tree - 1]
         parents = tree.parents.tolist()
         chain, match = self.retrieve_context(self.context_ids(), self.lookup) if self.lookup else ([], 0)
         attach, rest = graft_point(tokens.tolist(), tree.children(), chain) if chain else (0, [])
@@ -240,7 +242,7 @@ class TokenRecyclingDecoder(TreeDecoder):
             tokens, tree = tokens[keep], tree.select(keep)
         return tokens, tree, kept, drafted, sources, grafted, (key, chain[:offset + grafted]) if grafted else None
 
-    def node_estimates(self, tokens: torch.Tensor, tree, drafted: list) -> list[float]:
+    def node_estimates(self, drafted: list) -> list[float]:
         """P(accepted) of each drafted node (``drafted``: their rank paths): the planner's statistics."""
         return [self.planner.stats.estimate(p) for p in drafted]
 
