@@ -142,16 +142,17 @@ class Handlers:
         *rest, teach, sess = args
         sess = self.session(sess, request)
         try:
+            s = make_settings(*rest)
             if sess.replay is not None and sess.current() is None and sess.started_with is None:
                 if not str(prompt or "").strip():  # nothing typed: the replay's own prompt, run live
                     sess.borrowed_prompt = str(sess.replay.header.get("prompt", ""))
                 borrowed = sess.borrowed_prompt is not None
                 sess.replay = None  # a replay ends when the visitor steps a prompt (the file is unchanged)
-                method = next((k for k, v in METHODS.items() if v == make_settings(*rest).method), "")
+                method = next((k for k, v in METHODS.items() if v == s.method), "")
                 sess.notice = (f"The replay was closed (its file is unchanged); this is a live run of "
                                f"{'its prompt' if borrowed else 'your prompt'} with {method}. ")
             with sess.working():
-                self.advance(sess, prompt, make_settings(*rest))
+                self.advance(sess, prompt, s)
             sess.frame = 1 if teach else 0
             return self.render(sess)
         except Exception as err:

@@ -135,17 +135,19 @@ class Session:
         """The matrix the next race drafts from: this tab's own, carried over from its earlier prompts
         (``hot_start``), else a fresh one (:meth:`fresh_matrix`); ``cold``: empty, on purpose."""
         m = self.matrix
-        if self.loaded and m is not None and m.fingerprint == lm.fingerprint and m.k == k:
+        fits = m is not None and m.fingerprint == lm.fingerprint and m.k == k
+        if self.loaded and fits:
             self.matrix, self.cold, self.loaded = m.to(lm.device), False, False
             return self.matrix
+        carry = fits and hot_start and self.cold == cold  # this tab's own, from a run of the same start
         if cold:
-            if m is None or not self.cold or m.fingerprint != lm.fingerprint or m.k != k or not hot_start:
+            if not carry:
                 m = AdjacencyMatrix(lm.vocab_size, k, lm.device, lm.fingerprint)
                 m.note = "cold start: an empty matrix"
             else:
                 m = m.to(lm.device)
                 m.note = "cold start, then this tab's earlier prompts"
-        elif m is None or self.cold or m.fingerprint != lm.fingerprint or m.k != k or not hot_start:
+        elif not carry:
             m = self.fresh_matrix(lm, k)
         else:
             m = m.to(lm.device)  # itself on the model's device; else its copy there (e.g. into a ZeroGPU call)

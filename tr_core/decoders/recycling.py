@@ -196,13 +196,10 @@ class TokenRecyclingDecoder(TreeDecoder):
 
         Returns (tokens [q'], tree tensors, grafted node count, what was offered: None, or the match's
         statistics key and the continuation's tokens as far as they are drafted)."""
-        chain, match = self.retrieve_context(self.context_ids(), self.lookup)
+        chain, attach, rest, key = self.retrieve_continuation(tokens, tree, kept)
         if not chain:
             return tokens, tree, 0, None
-        children = self.tree.children if len(kept) == self.tree.size + 1 else tree.children()
-        attach, rest = graft_point(tokens.tolist(), children, chain)
         offset = len(chain) - len(rest)
-        key = match_bucket(match)
         if self.planner is not None:
             pruned = len(kept) < self.tree.size + 1  # else the plan's own expectation holds
             rest = rest[:self.planner.lookup_length(tokens.shape[0], key, offset, len(rest),
@@ -223,11 +220,10 @@ class TokenRecyclingDecoder(TreeDecoder):
         Returns (tokens [q'], tree tensors, kept, drafted, the tree nodes' sources, grafted count,
         offered: as ``graft_lookup``'s)."""
         planner, n_tree = self.planner, tokens.shape[0]
-        estimates = self.node_estimates(drafted)  # [n_tree - 1]
+        estimates = [planner.stats.estimate(p) for p in drafted]  # [n_tree - 1]
         parents = tree.parents.tolist()
-        chain, match = self.retrieve_context(self.context_ids(), self.lookup) if self.lookup else ([], 0)
-        attach, rest = graft_point(tokens.tolist(), tree.children(), chain) if chain else (0, [])
-        offset, key = len(chain) - len(rest), match_bucket(match)
+        chain, attach, rest, key = self.retrieve_continuation(tokens, tree, kept) if self.lookup else ([], 0, [], 0)
+        offset = len(chain) - len(rest)
         estimates += [planner.chain.estimate(key, offset + j, planner.hot) for j in range(len(rest))]
         parents += [n_tree + j - 1 if j else attach for j in range(len(rest))]
         nodes = allocate(estimates, parents, self.node_budget)  # tree nodes first, then the chain's
@@ -242,9 +238,18 @@ class TokenRecyclingDecoder(TreeDecoder):
             tokens, tree = tokens[keep], tree.select(keep)
         return tokens, tree, kept, drafted, sources, grafted, (key, chain[:offset + grafted]) if grafted else None
 
-    def node_estimates(self, drafted: list) -> list[float]:
-        """P(accepted) of each drafted node (``drafted``: their rank paths): the planner's statistics."""
-        return [self.planner.stats.estimate(p) for p in drafted]
+    def retrieve_continuation(self, tokens: torch.Tensor, tree, kept: list[int]):
+        """The context's continuation (``retrieval``, up to ``lookup`` tokens) and where it joins the
+        drafted tree (``tokens [q]``; ``kept``: the drafted nodes' indices in the static shape).
+
+        Returns (the continuation, the node to hang its rest under, the rest not already drafted,
+        the match's statistics key); an empty continuation where the context has none."""
+        chain, match = self.retrieve_context(self.context_ids(), self.lookup)
+        if not chain:
+            return [], 0, [], 0
+        children = self.tree.children if len(kept) == self.tree.size + 1 else tree.children()
+        attach, rest = graft_point(tokens.tolist(), children, chain)
+        return chain, attach, rest, match_bucket(match)
 
     def plan_next(self, shape: TreeShape, kept: list[int], drafted: list, path: list[int], tokens: torch.Tensor,
                   offered: tuple[int, list[int]] | None, forward_seconds: float) -> None:
