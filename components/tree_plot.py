@@ -174,6 +174,12 @@ def _node_trace(fig, step: Step, token_text, pos, kinds, sources, picked, frame:
                                  marker=dict(size=30, symbol="circle-open", color="#d0455b", line_width=3)))
 
 
+WHERE = {"empty": "an empty matrix row (never written: a blank draft)",
+         "matrix": "its parent's matrix row",
+         "pair": "its parent's pair row: what followed the parent after the same token before it",
+         "lookup": "the context: the continuation of its longest match in the prompt and text so far"}
+
+
 def _hover(step: Step, i: int, token_text, sources, frame: int = 0) -> str:
     """A node's hover text; Teach mode's frame 1 (retrieve) tells no verdict nor the model's choice,
     frame 2 (verify) the choice but not yet which path was accepted."""
@@ -185,7 +191,7 @@ def _hover(step: Step, i: int, token_text, sources, frame: int = 0) -> str:
     p = t.parents[i]
     choice = step.model_choices[p] if p < len(step.model_choices) else None
     verdict = "accepted" if i in step.accepted_path else "rejected"
-    where = "an empty matrix row (never written: a blank draft)" if sources[i] == "empty" else sources[i]
+    where = WHERE.get(sources[i], sources[i])
     what = "token sampled" if step.sampled else "model's choice"
     head = f"<b>{text}</b> (id {tok})" + (f" — {verdict}" if frame not in (1, 2) else "")
     said = "" if frame == 1 else (f"<br>{what} after the parent: "

@@ -202,9 +202,9 @@ def test_auto_tree_respects_small_k_on_a_long_prompt(tiny_lm):
 
 
 def test_prefill_seeds_the_matrix_from_each_tokens_last_occurrence(tiny_lm):
-    """Prefill computes the head only at each token's last occurrence, from the hidden states of one
-    forward; the matrix equals recycling every prompt position's logits (where the last occurrence
-    wins), also when the head runs over the kept positions in several chunks."""
+    """Prefill (without pair rows) computes the head only at each token's last occurrence, from the
+    hidden states of one forward; the matrix equals recycling every prompt position's logits (where
+    the last occurrence wins), also when the head runs over the kept positions in several chunks."""
     from transformers import DynamicCache
 
     from tr_core.decoders.recycling import last_occurrences
@@ -212,7 +212,7 @@ def test_prefill_seeds_the_matrix_from_each_tokens_last_occurrence(tiny_lm):
     ids = [2 + (i * i * 7) % 60 for i in range(300)]  # many repeats
     prefix = torch.tensor(ids[:-1])
     assert last_occurrences(torch.tensor([5, 3, 5, 2, 3])).tolist() == [False, False, True, True, True]
-    dec = TokenRecyclingDecoder(tiny_lm, tree="tr-16", max_new_tokens=4, lookup=0)
+    dec = TokenRecyclingDecoder(tiny_lm, tree="tr-16", max_new_tokens=4, lookup=0, pair_rows=False)
     dec.start(ids)
     with torch.inference_mode():
         logits = tiny_lm.model(input_ids=prefix[None]).logits[0]  # [L, vocab], every position
@@ -221,10 +221,34 @@ def test_prefill_seeds_the_matrix_from_each_tokens_last_occurrence(tiny_lm):
     assert int(reference.table.count_nonzero()) > 0
     assert torch.equal(dec.matrix.table, reference.table)
     assert dec.generate(ids) == reference_greedy(tiny_lm, ids, 4)
-    chunked = TokenRecyclingDecoder(tiny_lm, tree="tr-16", max_new_tokens=4, lookup=0)
+    chunked = TokenRecyclingDecoder(tiny_lm, tree="tr-16", max_new_tokens=4, lookup=0, pair_rows=False)
     chunked.cache = DynamicCache(config=tiny_lm.model.config)
     chunked.prefill(prefix, chunk=7)
     assert chunked.cache_length == len(prefix) and torch.equal(chunked.matrix.table, reference.table)
+    assert dec.matrix.pairs.written == 0 and chunked.matrix.pairs.written == 0
+    # with pair rows (the default): the same M, and the pair row of every prompt position but the first
+    paired = TokenRecyclingDecoder(tiny_lm, tree="tr-16", max_new_tokens=4, lookup=0)
+    paired.cache = DynamicCache(config=tiny_lm.model.config)
+    paired.prefill(prefix, chunk=7)
+    reference.recycle(prefix, logits, keep_old=False, before=torch.cat([torch.tensor([-1]), prefix[:-1]]))
+    assert torch.equal(paired.matrix.table, reference.table)
+    assert torch.equal(paired.matrix.pairs.keys, reference.pairs.keys) and reference.pairs.written >= 20
+    assert torch.equal(paired.matrix.pairs.rows, reference.pairs.rows)
+
+
+def test_pair_rows_draft_where_seen_stay_lossless_and_the_paper_never_uses_them(tiny_lm):
+    matrix = AdjacencyMatrix(tiny_lm.vocab_size, 8, fingerprint=tiny_lm.fingerprint)
+    from_pairs = accepted_pairs = 0
+    for ids in PROMPTS:
+        dec = TokenRecyclingDecoder(tiny_lm, tree="tr-16", matrix=matrix, max_new_tokens=40, lookup=0)
+        assert dec.generate(ids) == reference_greedy(tiny_lm, ids, 40)
+        for step in dec.steps:
+            from_pairs += step.tree.sources.count("pair")
+            accepted_pairs += sum(step.tree.sources[i] == "pair" for i in step.accepted_path)
+    assert from_pairs > 0 and accepted_pairs > 0 and matrix.pairs.written > 0
+    paper = TokenRecyclingDecoder.paper(tiny_lm, "tr-16", max_new_tokens=30)
+    assert paper.generate(PROMPTS[2]) == reference_greedy(tiny_lm, PROMPTS[2], 30)
+    assert paper.matrix.pairs.written == 0 and not any("pair" in s.tree.sources for s in paper.steps)
 
 
 @pytest.mark.parametrize("verified", [True, False])

@@ -11,6 +11,8 @@ across the prompts, with the additions switched on one at a time, in this order:
 * ``+best nodes a step``: the same budget (``--tree``'s nodes + ``--lookup``) filled each step with the
   best nodes of the paper's 80 and the continuation by estimated acceptance, rather than a fixed tree
   plus a continuation (``node_budget``: blank drafts and unlikely deep nodes give way to a long copy).
+* ``+pair rows``: a node's children drafted from the row of the pair (its parent, itself) where that
+  pair was seen, else from ``M`` (``tr_core.pairs``): the draft sees one more token of context.
 
 Each row gives MAT (tokens per step), the mean forward tokens, and their ratio: tokens committed per
 forward token, what a small tree must raise.  These do not depend on the hardware (a fixed tree,
@@ -27,13 +29,15 @@ from dataclasses import dataclass
 
 from .data import SPLITS, load_prompts
 
+_OURS = dict(drop_blank=True, verified_rows=True, retrieval="suffix")
 VARIANTS = (
-    ("paper", dict(drop_blank=False, verified_rows=False, lookup=0)),
-    ("+no blank drafts", dict(drop_blank=True, verified_rows=False, lookup=0)),
-    ("+verified rows", dict(drop_blank=True, verified_rows=True, lookup=0)),
-    ("+ngram lookup", dict(drop_blank=True, verified_rows=True, retrieval="ngram")),
-    ("+suffix retrieval", dict(drop_blank=True, verified_rows=True, retrieval="suffix")),
-    ("+best nodes a step", dict(drop_blank=True, verified_rows=True, retrieval="suffix", node_budget="tree")),
+    ("paper", dict(drop_blank=False, verified_rows=False, lookup=0, pair_rows=False)),
+    ("+no blank drafts", dict(drop_blank=True, verified_rows=False, lookup=0, pair_rows=False)),
+    ("+verified rows", dict(drop_blank=True, verified_rows=True, lookup=0, pair_rows=False)),
+    ("+ngram lookup", dict(drop_blank=True, verified_rows=True, retrieval="ngram", pair_rows=False)),
+    ("+suffix retrieval", dict(_OURS, pair_rows=False)),
+    ("+best nodes a step", dict(_OURS, node_budget="tree", pair_rows=False)),
+    ("+pair rows", dict(_OURS, node_budget="tree", pair_rows=True)),
 )
 
 

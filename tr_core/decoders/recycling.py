@@ -44,7 +44,8 @@ class TokenRecyclingDecoder(TreeDecoder):
                  matrix: AdjacencyMatrix | None = None, max_new_tokens: int = 128, trace_rows: bool = True,
                  lookup: int | None = None, planner: TreePlanner | None = None,
                  sampling: SamplingConfig | None = None, verified_rows: bool = True,
-                 drop_blank: bool = True, retrieval: str = "suffix", node_budget: int | None = None):
+                 drop_blank: bool = True, retrieval: str = "suffix", node_budget: int | None = None,
+                 pair_rows: bool = True):
         """``tree``: a shape, a preset name, rank paths, or ``"auto"`` (the cost-aware tree, planned by
         ``planner``, which like ``matrix`` may be shared across requests).  ``lookup``: longest
         continuation retrieved from the context and merged into each tree (0 = none; None = the
@@ -58,7 +59,10 @@ class TokenRecyclingDecoder(TreeDecoder):
         The three ``False``/``"ngram"`` settings are the ablations of ``python -m tr_core.bench.ablate``.
         ``node_budget``: at most this many draft nodes a step, tree and continuation together, the
         best by the planner's estimates (a GPU's fixed budget, e.g. the paper's 80); the tree is then
-        ``"auto"``'s universe, drafted in full and cut each step (:func:`tr_core.planner.allocate`)."""
+        ``"auto"``'s universe, drafted in full and cut each step (:func:`tr_core.planner.allocate`).
+        ``pair_rows``: draft a node's children from the row of the pair (its parent, itself) where that
+        pair was seen, and write pair rows with ``M``'s (``tr_core.pairs``); False: ``M``'s rows alone,
+        as the paper."""
         super().__init__(lm, max_new_tokens, sampling)
         self.lookup = DEFAULT_LOOKUP if lookup is None else int(lookup)
         if tree is None or tree == "default" or node_budget is not None:
@@ -81,14 +85,16 @@ class TokenRecyclingDecoder(TreeDecoder):
         if retrieval not in RETRIEVALS:
             raise ValueError(f"retrieval must be one of {', '.join(RETRIEVALS)} (got {retrieval!r})")
         self.verified_rows, self.drop_blank, self.retrieve_context = verified_rows, drop_blank, RETRIEVALS[retrieval]
+        self.pair_rows = pair_rows
         self.set_tree(tree)
 
-    PAPER: ClassVar[dict] = {"lookup": 0, "drop_blank": False, "verified_rows": False}  # the paper's method exactly
+    PAPER: ClassVar[dict] = {"lookup": 0, "drop_blank": False, "verified_rows": False,
+                             "pair_rows": False}  # the paper's method exactly
 
     @classmethod
     def paper(cls, lm: LoadedModel, tree: TreeShape | str | list = "paper-80", **kw) -> TokenRecyclingDecoder:
         """The paper's method exactly, on ``tree``: the full shape every step (blank drafts included),
-        last write wins, no retrieval branch."""
+        last write wins, rows by token alone, no retrieval branch."""
         return cls(lm, tree=tree, **cls.PAPER, **kw)
 
     def set_tree(self, tree: TreeShape | str | list | None) -> None:
@@ -110,29 +116,34 @@ class TokenRecyclingDecoder(TreeDecoder):
         super().start(prompt_ids)
 
     def prefill(self, prefix: torch.Tensor, chunk: int = 256) -> None:
-        """Run the prompt ``prefix [L]`` in one forward, as greedy decoding does, and seed ``M`` from it.
+        """Run the prompt ``prefix [L]`` in one forward, as greedy decoding does, and seed ``M`` (and
+        the pair rows) from it.
 
-        Only the last occurrence of each token can survive in ``M`` (last write wins), so the output
-        head and top-k run at those positions alone, ``chunk`` at a time (``hidden [L, d]`` ->
-        ``logits [chunk, vocab]``): the same matrix as seeding from every position, for about half
-        the head's work and a bounded amount of memory."""
+        The output head and top-k run ``chunk`` positions at a time (``hidden [L, d]`` ->
+        ``logits [chunk, vocab]``), a bounded amount of memory.  Pair rows are seeded from every
+        position (position ``i``'s pair is ``(prefix[i-1], prefix[i])``).  Without them only the
+        last occurrence of each token can survive in ``M`` (last write wins), so the head runs at
+        those positions alone: the same matrix, for about half the head's work."""
         hidden = self.forward_hidden(prefix[None])  # [L, d]
-        keep = last_occurrences(prefix).nonzero().squeeze(1)  # [u]
+        pairs = self.pair_rows
+        positions = torch.arange(prefix.shape[0]) if pairs else last_occurrences(prefix).nonzero().squeeze(1)  # [u]
         head = self.lm.model.get_output_embeddings()
         with torch.inference_mode():
-            for s in range(0, keep.shape[0], chunk):
-                rows = keep[s:s + chunk]
-                self.matrix.seed_from_prompt(prefix[rows], head(hidden[rows]))
+            for s in range(0, positions.shape[0], chunk):
+                rows = positions[s:s + chunk].to(prefix.device)
+                before = torch.where(rows > 0, prefix[(rows - 1).clamp(min=0)], -1) if pairs else None  # -1: no pair
+                self.matrix.seed_from_prompt(prefix[rows], head(hidden[rows]), before)
 
     @torch.inference_mode()
     def step(self) -> Step:
         self._check_running()
         started = time.perf_counter()
         tree, clock = self.tree_t, PhaseClock(self.lm.device)
+        before = self.before_root()
         with clock.phase("retrieve"):
-            tokens = self.matrix.retrieve_draft_tree(self.last, tree)  # [q]
-            tokens, tree, kept = self.drop_blank_drafts(tokens, tree)
-            sources = ["root"] + self.draft_sources(tokens, tree)
+            tokens = self.matrix.retrieve_draft_tree(self.last, tree, before)  # [q]
+            tokens, tree, kept = self.drop_blank_drafts(tokens, tree, before)
+            sources = ["root"] + self.draft_sources(tokens, tree, before)
         shape, grafted, offered, blank = self.tree, 0, None, self.tree.size + 1 - len(kept)
         drafted = [shape.paths[i - 1] for i in kept[1:]] if self.planner is not None else None  # rank paths
         if self.node_budget is not None:
@@ -146,7 +157,8 @@ class TokenRecyclingDecoder(TreeDecoder):
         logits, verdict, path = self.verify_tree(tokens, tree, clock)
         with clock.phase("update"):
             rows = self.matrix.recycle(tokens, logits, keep_old=self.trace_rows,
-                                       priority=self.verified_first(tokens, path))
+                                       priority=self.verified_first(tokens, path),
+                                       before=self.tokens_before(tokens, tree, before))
         if self.planner is not None:
             self.plan_next(shape, kept, drafted, path, tokens, offered, clock.seconds["forward"])
         step = self.finish_tree_step(tokens, tree, sources, verdict, path, clock,
@@ -156,25 +168,46 @@ class TokenRecyclingDecoder(TreeDecoder):
             self.planner.record_host(tokens.shape[0], time.perf_counter() - started - clock.seconds["forward"])
         return step
 
-    def drop_blank_drafts(self, tokens: torch.Tensor, tree):
+    def before_root(self) -> int | None:
+        """The token committed before the root, which keys the root's pair row (None without pair rows
+        or before a second token)."""
+        if not self.pair_rows:
+            return None
+        if len(self.output) >= 2:
+            return self.output[-2]
+        return (self.prompt + self.output)[-2] if len(self.prompt) + len(self.output) >= 2 else None
+
+    def tokens_before(self, tokens: torch.Tensor, tree, before: int | None) -> torch.Tensor | None:
+        """``[q]``: the token before each input (its parent's; the root's: ``before``), which keys the
+        pair row its logits write; None without pair rows."""
+        if before is None:
+            return None
+        prior = tokens[tree.parents]
+        prior[0] = before
+        return prior
+
+    def drop_blank_drafts(self, tokens: torch.Tensor, tree, before: int | None = None):
         """Phase 1's last part: no forward tokens for nodes drafted from a row never written (their
         tokens are the row's zeros, not predictions) nor for anything below them.
 
         Returns (tokens [q'], tree tensors [q'], the kept nodes' indices in the static shape)."""
-        blank = self.matrix.blank_drafts(tokens, tree) if self.drop_blank else None  # [q]
+        blank = self.matrix.blank_drafts(tokens, tree, before) if self.drop_blank else None  # [q]
         if blank is None or not bool(blank.any()):
             return tokens, tree, list(range(tokens.shape[0]))
         keep = ~blank
         sub = tree.select(keep)
         return tokens[keep], sub, sub.kept.tolist()
 
-    def draft_sources(self, tokens: torch.Tensor, tree) -> list[str]:
-        """Each draft node's source: ``"matrix"``, or ``"empty"`` where it was drafted from a row never
-        written (only where blank drafts are kept, the paper's method: else none are left)."""
-        if self.drop_blank or tokens.shape[0] == 1:
-            return ["matrix"] * (tokens.shape[0] - 1)
-        empty = self.matrix.empty_rows(tokens[tree.parents[1:]]).tolist()
-        return ["empty" if e else "matrix" for e in empty]
+    def draft_sources(self, tokens: torch.Tensor, tree, before: int | None = None) -> list[str]:
+        """Each draft node's source: ``"matrix"``, ``"pair"`` where its parent's pair row drafted it,
+        or ``"empty"`` where it was drafted from a row never written (only where blank drafts are
+        kept, the paper's method: else none are left)."""
+        if tokens.shape[0] == 1:
+            return []
+        pair = self.matrix.from_pairs(tokens, tree, before)[1:].tolist() if before is not None else None
+        empty = None if self.drop_blank else self.matrix.empty_rows(tokens[tree.parents[1:]]).tolist()
+        return ["pair" if pair and pair[i] else "empty" if empty and empty[i] else "matrix"
+                for i in range(tokens.shape[0] - 1)]
 
     def verified_first(self, tokens: torch.Tensor, path: list[int]):
         """``[q]`` long write priorities for phase 4, or None for the paper's rule (last write wins).
