@@ -65,12 +65,14 @@ def tree_title(view: RunView, n: int) -> str:
 
 
 def picked_rows(step, picked: int | None) -> list[int]:
-    """The row a clicked node was drafted from (its parent's token) and the row it wrote (its own)."""
+    """The ``M`` row a clicked node was drafted from (its parent's token; none where a pair row or
+    the context drafted it) and the row it wrote (its own)."""
     if step is None or picked is None or not 0 <= picked < len(step.tree.tokens):
         return []
     t = step.tree
     own = t.tokens[picked]
-    return [own] if picked == 0 else [t.tokens[t.parents[picked]], own]
+    source = t.sources[picked] if t.sources and picked < len(t.sources) else "matrix"
+    return [t.tokens[t.parents[picked]], own] if picked and source in ("matrix", "empty") else [own]
 
 
 def text_alternative(view: RunView, n: int, frame: int = 0) -> str:

@@ -246,6 +246,18 @@ def test_pair_rows_draft_where_seen_stay_lossless_and_the_paper_never_uses_them(
             from_pairs += step.tree.sources.count("pair")
             accepted_pairs += sum(step.tree.sources[i] == "pair" for i in step.accepted_path)
     assert from_pairs > 0 and accepted_pairs > 0 and matrix.pairs.written > 0
+    # the keys: the root's pair is (the token before it, the root), a node's (its parent, itself)
+    ids = PROMPTS[0]
+    dec = TokenRecyclingDecoder(tiny_lm, tree="tr-16", max_new_tokens=40, lookup=0)
+    dec.start(ids)
+    step = dec.step()
+    with torch.inference_mode():
+        logits = tiny_lm.model(input_ids=torch.tensor([ids + step.committed])).logits[0]  # [L, vocab]
+    path = [step.tree.tokens[i] for i in step.accepted_path]  # the root, then the accepted drafts
+    for j in range(len(path)):  # each path node's logits are those of the text up to it
+        before, token = (ids[-2], ids[-1]) if j == 0 else (path[j - 1], path[j])
+        rows, seen = dec.matrix.pairs.lookup(torch.tensor([before]), torch.tensor([token]))
+        assert bool(seen[0]) and rows[0].tolist() == logits[len(ids) - 1 + j].topk(8).indices.tolist()
     paper = TokenRecyclingDecoder.paper(tiny_lm, "tr-16", max_new_tokens=30)
     assert paper.generate(PROMPTS[2]) == reference_greedy(tiny_lm, PROMPTS[2], 30)
     assert paper.matrix.pairs.written == 0 and not any("pair" in s.tree.sources for s in paper.steps)

@@ -154,18 +154,18 @@ class AdjacencyMatrix:
         branches'.  With ``before [m]`` (the token before each input: its parent in the tree), the
         pair rows ``P[(before[i], tokens[i])]`` are written too, in the same order.
         """
+        top = logits.topk(self.k, dim=-1).indices.to(torch.int32)  # [m, k]
         order = None
         if priority is not None:
             order = torch.sort(priority, stable=True).indices  # [m]: lowest priority first, so written first
             tokens = tokens[order]
         if before is not None:
-            ordered = (lambda x: x) if order is None else (lambda x: x[order])  # noqa: E731
-            self.pairs.write(ordered(before), tokens, ordered(logits).topk(self.k, dim=-1).indices)
+            self.pairs.write(before if order is None else before[order], tokens, top if order is None else top[order])
         later_twin = (tokens[:, None] == tokens[None, :]).triu(1).any(1)  # [m]
         keep = (~later_twin).nonzero().squeeze(1)
         rows = tokens[keep]
         source = keep if order is None else order[keep]
-        new = logits[source].topk(self.k, dim=-1).indices.to(torch.int32)
+        new = top[source]
         old = self.table[rows].clone() if keep_old else new[:0]
         self.table[rows] = new
         self.writes += int(rows.shape[0])

@@ -4,7 +4,7 @@
 continuation.  A pair row ``P[(s, t)]`` holds the top-k seen after ``s`` followed by ``t``, written
 from the same logits as ``M[t]`` (the recycling of every tree node: a node's parent is ``s``, the
 node ``t``).  Retrieval drafts a node's children from its pair row where that pair has been seen,
-else from ``M[t]``, so a pair row never leaves a node without drafts that ``M`` would have given.
+else from ``M[t]``: an unseen pair falls back to ``M``, so pair rows never make a node blank.
 
 The rows live in a fixed-size hash table on the model's device (``slots x k`` int32, with the
 pair's key per slot), so its memory is bounded however long a server runs: where two pairs share a
@@ -23,8 +23,8 @@ class PairRows:
     """``rows [slots, k]`` int32 token ids and ``keys [slots]`` int64 (``-1``: never written)."""
 
     def __init__(self, vocab_size: int, k: int, device: torch.device | str = "cpu", slots: int = SLOTS):
-        if slots & (slots - 1):
-            raise ValueError("slots must be a power of two")
+        if slots < 2 or slots & (slots - 1):
+            raise ValueError("slots must be a power of two, at least 2")
         self.vocab_size = vocab_size
         self.rows = torch.zeros(slots, k, dtype=torch.int32, device=device)
         self.keys = torch.full((slots,), -1, dtype=torch.long, device=device)
@@ -53,7 +53,7 @@ class PairRows:
         """The rows of the pairs ``(before[i], token[i])``: ``(rows [n, k], seen [n] bool)``; a row is
         meaningful only where ``seen``."""
         key, slot = self._locate(before, token)
-        return self.rows[slot], self.keys[slot] == key
+        return self.rows[slot], (self.keys[slot] == key) & (key >= 0)
 
     def write(self, before: torch.Tensor, token: torch.Tensor, top: torch.Tensor) -> None:
         """``P[(before[i], token[i])] = top[i]`` (``top [n, k]``, already in write order: where two
@@ -67,31 +67,37 @@ class PairRows:
         self.keys[slot[keep]] = key[keep]
 
     def written_tensors(self) -> dict[str, torch.Tensor]:
-        """The written slots alone, for a file (``pair_slots [w]``, ``pair_keys [w]``, ``pair_rows [w, k]``,
-        on the host): a warmed table is mostly empty."""
+        """The written pairs alone, on the host, for a file or a pickle (a warmed table is mostly
+        empty): ``pair_keys [w]`` and ``pair_rows [w, k]``; the slots follow from the keys."""
         slots = (self.keys >= 0).nonzero().squeeze(1)
-        return {"pair_slots": slots.cpu().contiguous(), "pair_keys": self.keys[slots].cpu().contiguous(),
-                "pair_rows": self.rows[slots].cpu().contiguous()}
+        return {"pair_keys": self.keys[slots].cpu().contiguous(), "pair_rows": self.rows[slots].cpu().contiguous()}
 
     def load_written(self, saved: dict[str, torch.Tensor]) -> None:
-        """Restore what ``written_tensors`` gave; ``ValueError`` where it does not fit this table."""
+        """Restore what ``written_tensors`` gave (into a table of any size: each pair is hashed
+        again); ``ValueError`` where it does not fit this vocabulary or ``k``."""
         try:
-            slots, keys, rows = saved["pair_slots"], saved["pair_keys"], saved["pair_rows"]
+            keys, rows = saved["pair_keys"], saved["pair_rows"]
         except KeyError as err:
             raise ValueError(f"{err.args[0]} is missing") from None
-        n = slots.shape[0]
-        if (slots.dtype != torch.long or keys.dtype != torch.long or rows.dtype != torch.int32 or slots.dim() != 1
-                or keys.shape != (n,) or rows.shape != (n, self.rows.shape[1])):
+        if keys.dtype != torch.long or rows.dtype != torch.int32 or keys.dim() != 1 or rows.dim() != 2:
             raise ValueError("shapes or types of another table")
-        if n and not (0 <= int(slots.min()) and int(slots.max()) < self.keys.shape[0]
-                      and 0 <= int(rows.min()) and int(rows.max()) < self.vocab_size
-                      and 0 <= int(keys.min()) and int(keys.max()) < self.vocab_size ** 2):
-            raise ValueError("slots, keys or token ids out of range")
-        if n and bool((self._locate(keys // self.vocab_size, keys % self.vocab_size)[1] != slots).any()):
-            raise ValueError("keys in the wrong slots")
+        if rows.shape != (keys.shape[0], self.rows.shape[1]):
+            raise ValueError(f"{rows.shape[0]} rows of {rows.shape[1]} for {keys.shape[0]} keys and k = {self.rows.shape[1]}")
+        if keys.shape[0] and not (0 <= int(rows.min()) and int(rows.max()) < self.vocab_size
+                                  and 0 <= int(keys.min()) and int(keys.max()) < self.vocab_size ** 2):
+            raise ValueError("keys or token ids out of range")
         self.reset()
-        self.rows[slots.to(self.rows.device)] = rows.to(self.rows.device)
-        self.keys[slots.to(self.keys.device)] = keys.to(self.keys.device)
+        keys, rows = keys.to(self.keys.device), rows.to(self.rows.device)
+        self.write(keys // self.vocab_size, keys % self.vocab_size, rows)
+
+    def __getstate__(self) -> dict:
+        """Pickled (a ZeroGPU call's arguments and results) as its written pairs alone."""
+        return {"vocab_size": self.vocab_size, "k": self.rows.shape[1], "slots": self.keys.shape[0],
+                "device": str(self.keys.device), **self.written_tensors()}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(state["vocab_size"], state["k"], state["device"], state["slots"])
+        self.load_written(state)
 
     def to(self, device) -> "PairRows":
         out = PairRows.__new__(PairRows)

@@ -1,13 +1,14 @@
 """Token Recycling (Luo et al., ACL 2025): drafts from a matrix of recycled top-k candidates.
 
 Each step, in the paper's phases:
-  1. retrieve  - BFS from the last committed token over a static tree shape, reading ``M``; nodes
+  1. retrieve  - BFS from the last committed token over a static tree shape, reading ``M`` (a node's
+     pair row instead, ``P[(parent, node)]``, where that pair was seen: ``tr_core.pairs``); nodes
      drafted from rows never written are left out (optionally plus the continuation of the longest
      suffix match over the context, joined to the tree where its tokens are drafted: ``lookup`` > 0)
   2. forward   - root + tree in one forward with tree attention (position = prefix + depth)
   3. verify    - longest path whose tokens equal the model's argmax, plus the model's own token
-  4. update    - ``M[token] = topk(logits)`` at *every* input, accepted or not (the recycling); where a
-     token occurs twice, the row from the committed text wins
+  4. update    - ``M[token] = topk(logits)`` at *every* input, accepted or not (the recycling), and
+     ``P[(parent, token)]`` alike; where a token occurs twice, the row from the committed text wins
   5. prune     - keep only the accepted path's KV entries
 """
 from __future__ import annotations
@@ -49,14 +50,14 @@ class TokenRecyclingDecoder(TreeDecoder):
         """``tree``: a shape, a preset name, rank paths, or ``"auto"`` (the cost-aware tree, planned by
         ``planner``, which like ``matrix`` may be shared across requests).  ``lookup``: longest
         continuation retrieved from the context and merged into each tree (0 = none; None = the
-        default; 0 with ``drop_blank`` and ``verified_rows`` off is the paper's method alone:
-        :meth:`paper`).  ``sampling``: lossless sampling instead of greedy decoding.
+        default; 0 with ``drop_blank``, ``verified_rows`` and ``pair_rows`` off is the paper's method
+        alone: :meth:`paper`).  ``sampling``: lossless sampling instead of greedy decoding.
         ``verified_rows``: where a token occurs twice in a tree, the row written is the one from the
         committed text (:meth:`verified_first`); False: the paper's last-write-wins.  ``drop_blank``:
         no forward tokens for drafts from rows never written (:meth:`drop_blank_drafts`); False: the
         paper's full shape.  ``retrieval``: ``"suffix"`` (the longest suffix match over the whole
         context) or ``"ngram"`` (prompt lookup's 3..1-gram) for the grafted continuation.
-        The three ``False``/``"ngram"`` settings are the ablations of ``python -m tr_core.bench.ablate``.
+        These settings, with ``pair_rows`` and ``node_budget``, are the rows of ``python -m tr_core.bench.ablate``.
         ``node_budget``: at most this many draft nodes a step, tree and continuation together, the
         best by the planner's estimates (a GPU's fixed budget, e.g. the paper's 80); the tree is then
         ``"auto"``'s universe, drafted in full and cut each step (:func:`tr_core.planner.allocate`).
