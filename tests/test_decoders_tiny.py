@@ -201,36 +201,42 @@ def test_auto_tree_respects_small_k_on_a_long_prompt(tiny_lm):
     assert dec.generate(ids) == reference_greedy(tiny_lm, ids, 12)
 
 
-def test_prefill_seeds_the_matrix_from_each_tokens_last_occurrence(tiny_lm):
-    """Prefill (without pair rows) computes the head only at each token's last occurrence, from the
-    hidden states of one forward; the matrix equals recycling every prompt position's logits (where
-    the last occurrence wins), also when the head runs over the kept positions in several chunks."""
+def test_prefill_seeds_the_matrix_from_the_whole_prompt(tiny_lm):
+    """Prefill runs the whole prompt (its last token too, whose KV entry is then cropped: the cache
+    holds all but the last, which roots step 1) and seeds ``M`` from it: ``M[last]`` is the model's
+    own top-k for the first new token.  Without pair rows the head runs only at each token's last
+    occurrence; the matrix equals recycling every prompt position's logits (where the last occurrence
+    wins), also when the head runs over the kept positions in several chunks."""
     from transformers import DynamicCache
 
     from tr_core.decoders.recycling import last_occurrences
 
     ids = [2 + (i * i * 7) % 60 for i in range(300)]  # many repeats
-    prefix = torch.tensor(ids[:-1])
+    full, prefix = torch.tensor(ids), torch.tensor(ids[:-1])
     assert last_occurrences(torch.tensor([5, 3, 5, 2, 3])).tolist() == [False, False, True, True, True]
     dec = TokenRecyclingDecoder(tiny_lm, tree="tr-16", max_new_tokens=4, lookup=0, pair_rows=False)
     dec.start(ids)
+    assert dec.cache_length == len(ids) - 1
     with torch.inference_mode():
-        logits = tiny_lm.model(input_ids=prefix[None]).logits[0]  # [L, vocab], every position
+        logits = tiny_lm.model(input_ids=full[None]).logits[0]  # [L, vocab], every position
     reference = AdjacencyMatrix(tiny_lm.vocab_size, 8, "cpu", tiny_lm.fingerprint)
-    reference.recycle(prefix, logits, keep_old=False)
+    reference.recycle(full, logits, keep_old=False)
     assert int(reference.table.count_nonzero()) > 0
     assert torch.equal(dec.matrix.table, reference.table)
+    assert dec.matrix.table[ids[-1]].tolist() == logits[-1].topk(8).indices.tolist()  # step 1's drafts: exact
+    first = dec.step()
+    assert first.accepted_drafts >= 1  # the rank-0 child of the root is the model's own first token
     assert dec.generate(ids) == reference_greedy(tiny_lm, ids, 4)
     chunked = TokenRecyclingDecoder(tiny_lm, tree="tr-16", max_new_tokens=4, lookup=0, pair_rows=False)
-    chunked.cache = DynamicCache(config=tiny_lm.model.config)
+    chunked.cache, chunked.prompt = DynamicCache(config=tiny_lm.model.config), ids
     chunked.prefill(prefix, chunk=7)
     assert chunked.cache_length == len(prefix) and torch.equal(chunked.matrix.table, reference.table)
     assert dec.matrix.pairs.written == 0 and chunked.matrix.pairs.written == 0
     # with pair rows (the default): the same M, and the pair row of every prompt position but the first
     paired = TokenRecyclingDecoder(tiny_lm, tree="tr-16", max_new_tokens=4, lookup=0)
-    paired.cache = DynamicCache(config=tiny_lm.model.config)
+    paired.cache, paired.prompt = DynamicCache(config=tiny_lm.model.config), ids
     paired.prefill(prefix, chunk=7)
-    reference.recycle(prefix, logits, keep_old=False, before=torch.cat([torch.tensor([-1]), prefix[:-1]]))
+    reference.recycle(full, logits, keep_old=False, before=torch.cat([torch.tensor([-1]), full[:-1]]))
     assert torch.equal(paired.matrix.table, reference.table)
     assert torch.equal(paired.matrix.pairs.keys, reference.pairs.keys) and reference.pairs.written >= 20
     assert torch.equal(paired.matrix.pairs.rows, reference.pairs.rows)

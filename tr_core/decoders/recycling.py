@@ -117,23 +117,28 @@ class TokenRecyclingDecoder(TreeDecoder):
         super().start(prompt_ids)
 
     def prefill(self, prefix: torch.Tensor, chunk: int = 256) -> None:
-        """Run the prompt ``prefix [L]`` in one forward, as greedy decoding does, and seed ``M`` (and
-        the pair rows) from it.
+        """Run the prompt ``prefix [L]`` (all but its last token) into the cache, and seed ``M`` (and
+        the pair rows) from the whole prompt.
 
-        The output head and top-k run ``chunk`` positions at a time (``hidden [L, d]`` ->
-        ``logits [chunk, vocab]``), a bounded amount of memory.  Pair rows are seeded from every
-        position (position ``i``'s pair is ``(prefix[i-1], prefix[i])``).  Without them only the
-        last occurrence of each token can survive in ``M`` (last write wins), so the head runs at
-        those positions alone: the same matrix, for about half the head's work."""
-        hidden = self.forward_hidden(prefix[None])  # [L, d]
+        The forward takes the last prompt token too, so ``M[last]`` (and its pair row) holds the
+        model's own top-k for the first new token: step 1's first drafts are exact.  That token's KV
+        entry is then cropped, so the cache ends where every decoder's does and step 1 runs the last
+        token as its root.  The output head and top-k run ``chunk`` positions at a time
+        (``hidden [L + 1, d]`` -> ``logits [chunk, vocab]``), a bounded amount of memory.  Pair rows
+        are seeded from every position (position ``i``'s pair is ``(prompt[i-1], prompt[i])``).
+        Without them only the last occurrence of each token can survive in ``M`` (last write wins),
+        so the head runs at those positions alone: the same matrix, for about half the head's work."""
+        prompt = torch.cat([prefix, torch.tensor([self.prompt[-1]], dtype=prefix.dtype, device=prefix.device)])
+        hidden = self.forward_hidden(prompt[None])  # [L + 1, d]
+        self.cache.crop(-1)  # the last prompt token is step 1's root
         pairs = self.pair_rows
-        positions = torch.arange(prefix.shape[0]) if pairs else last_occurrences(prefix).nonzero().squeeze(1)  # [u]
+        positions = torch.arange(prompt.shape[0]) if pairs else last_occurrences(prompt).nonzero().squeeze(1)  # [u]
         head = self.lm.model.get_output_embeddings()
         with torch.inference_mode():
             for s in range(0, positions.shape[0], chunk):
-                rows = positions[s:s + chunk].to(prefix.device)
-                before = torch.where(rows > 0, prefix[(rows - 1).clamp(min=0)], -1) if pairs else None  # -1: no pair
-                self.matrix.seed_from_prompt(prefix[rows], head(hidden[rows]), before)
+                rows = positions[s:s + chunk].to(prompt.device)
+                before = torch.where(rows > 0, prompt[(rows - 1).clamp(min=0)], -1) if pairs else None  # -1: no pair
+                self.matrix.seed_from_prompt(prompt[rows], head(hidden[rows]), before)
 
     @torch.inference_mode()
     def step(self) -> Step:
