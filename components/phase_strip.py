@@ -59,13 +59,12 @@ def _phase_body(step: Step | None, token_text, frame: int = 0) -> str:
     looked = sum(1 for src in t.sources if src == "lookup")
     from_matrix = t.size - looked
     paired = sum(1 for src in t.sources if src == "pair")
-    extra = (f" {paired} of them came from pair rows: what followed their parent, after the same token before "
-             f"it, when that pair was last seen." if paired else "")
-    extra += (f" A further {looked} came from repeating what followed the same words earlier in the text "
-              f"(prompt lookup)." if looked else "")
+    extra = (f" A further {looked} came from repeating what followed the same words earlier in the text "
+             f"(prompt lookup)." if looked else "")
     cells = [
         ("retrieve", f"From the last token <b>{root}</b>, {from_matrix} draft token{'s' * (from_matrix != 1)} "
-                     f"{'were' if from_matrix != 1 else 'was'} read out of the matrix, "
+                     f"{'were' if from_matrix != 1 else 'was'} read out of the matrix"
+                     f"{f' ({paired} via pair rows)' if paired else ''}, "
                      f"branch by branch{_blank(step)} ({ms.get('retrieve', 0):.1f} ms).{extra}"),
         ("verify", f"One forward pass of {step.forward_tokens} tokens checked every branch at once, each token "
                    f"seeing only its ancestors ({ms.get('forward', 0):.0f} ms)."),
@@ -75,7 +74,7 @@ def _phase_body(step: Step | None, token_text, frame: int = 0) -> str:
                    f"{len(step.committed) - min(acc, len(step.committed))} of its own)."),
         ("recycle", f"The candidates the model produced at all {step.forward_tokens} positions, accepted or not, "
                     f"were written into {len(step.rows_written)} matrix rows"
-                    f"{' and the rows of their pairs' if paired else ''}"
+                    f"{' and pair rows' if paired else ''}"
                     f" ({ms.get('update', 0):.1f} ms)."),
     ]
     return _cells(cells, frame)

@@ -26,6 +26,22 @@ def test_the_shipped_matrix_fits_the_embedded_model_and_says_how_it_was_warmed(e
     assert "calibration prompts" in m.note
 
 
+def test_the_shipped_matrix_holds_pair_rows(embedded_lm):
+    m = AdjacencyMatrix.load(SHIPPED_MATRIX, embedded_lm.fingerprint, embedded_lm.vocab_size)
+    assert m.pairs.written > 5000
+
+
+@pytest.mark.parametrize("start", ["hot", "cold"])
+def test_the_first_step_on_any_prompt_accepts_a_draft(hub, start):  # noqa: F811
+    """The prefill seeds the root's row with the model's own top-k, so the first Step on a new prompt
+    shows the method working, hot start or cold, whatever the prompt."""
+    for prompt in (PROMPT, "Compose an engaging travel blog post about a trip to the Alps."):
+        sess = page_session()
+        sess.step(hub, prompt, settings(tree="auto", start=start), cap=256)
+        step = sess.race.decoder.steps[0]
+        assert step.accepted_drafts >= 1 and len(step.committed) >= 2, (prompt, start)
+
+
 def test_a_new_tab_starts_hot_from_the_shipped_matrix_and_one_choice_shows_a_cold_start(hub):  # noqa: F811
     sess = page_session()
     sess.step(hub, PROMPT, settings(tree="auto"), cap=256)
