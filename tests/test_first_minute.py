@@ -3,6 +3,7 @@ that hide what comes next, controls that say what they do (issue 23)."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -109,7 +110,10 @@ def test_teach_frames_show_no_verdict_before_it_happens(hub):  # noqa: F811
     out = h.render(sess)
     text, counters, phases = out[4], out[5], out[7]
     assert text.count('title="step ') == len(sess.race.decoder.steps[0].committed)  # step 2's tokens not yet
-    assert ">2<" not in counters.split("forward passes")[1][:30] and "counted at phase 3" in counters
+    first = sess.race.baseline[0]  # greedy's side after step 1: as many tokens as TR's step 1 committed
+    forwards = re.search(r"forward passes</th><td>(\d+)</td><td>(\d+)</td>", counters)
+    assert forwards and forwards.groups() == ("1", str(first["forwards"]))  # TR's and greedy's, step 2 not counted
+    assert "counted at phase 3" in counters
     later = phases.split("2. verify")[1]
     assert "Phase ▶ shows it" in later and "committed" not in later  # accept and recycle still hidden
     hovers = " ".join(h for t in out[1].data for h in (t.hovertext or []) if isinstance(h, str))

@@ -22,15 +22,16 @@ BF16_PROMPTS = [
 
 
 def accept_drafts_unchecked(tokens, logits, tree) -> Verdict:
-    """A deliberately wrong verifier: follows the first child at every level without comparing it
-    with the model's choice, then adds the model's token."""
+    """A deliberately wrong verifier: follows the last child at every level (the lowest-ranked draft;
+    the first is often right, e.g. step 1's, drafted from the prompt's own logits) without comparing
+    it with the model's choice, then adds the model's token."""
     choices = logits.argmax(dim=-1)
     path, nodes = [0], torch.arange(tokens.shape[0], device=tokens.device)
     while True:
         kids = nodes[(tree.parents == path[-1]) & (nodes > 0)]
         if not len(kids):
             break
-        path.append(int(kids[0]))
+        path.append(int(kids[-1]))
     return Verdict(path=torch.tensor(path, device=tokens.device), bonus=choices[path[-1]], choices=choices)
 
 
