@@ -82,8 +82,9 @@ def test_a_pair_row_keeps_its_children_when_m_is_empty():
     tree = load_tree([[0], [1], [0, 0]]).tensors()  # 3 -> 4, 6; 4 -> ?
     tokens = m.retrieve_draft_tree(L(3), tree, before=1)
     assert tokens.tolist() == [3, 4, 6, 0]
-    assert m.blank_drafts(tokens, tree, before=1).tolist() == [False, False, False, True]  # M[4] and (3, 4) unseen
-    assert m.from_pairs(tokens, tree, before=1).tolist() == [False, True, True, False]
+    paired = m.from_pairs(tokens, tree, before=1)
+    assert paired.tolist() == [False, True, True, False]
+    assert m.blank_drafts(tokens, tree, paired).tolist() == [False, False, False, True]  # M[4] and (3, 4) unseen
     assert m.blank_drafts(tokens, tree).tolist() == [False, True, True, True]  # without pairs: all blank
 
 

@@ -133,14 +133,15 @@ class AdjacencyMatrix:
             return torch.zeros(tokens.shape, dtype=torch.bool, device=tokens.device)
         return (self.table[tokens] == 0).all(-1)
 
-    def blank_drafts(self, tokens: torch.Tensor, tree: TreeTensors, before: int | None = None) -> torch.Tensor:
-        """``[q] bool``: the nodes of a retrieved tree (``tokens [q]``; ``before`` as retrieval's)
-        drafted from a row never written, or below one.  Their tokens are the row's zeros, not
-        predictions, so they get no forward tokens (the caller drops them with ``TreeTensors.select``)."""
+    def blank_drafts(self, tokens: torch.Tensor, tree: TreeTensors, from_pair: torch.Tensor | None = None) -> torch.Tensor:
+        """``[q] bool``: the nodes of a retrieved tree (``tokens [q]``; ``from_pair [q]``: the nodes a
+        pair row drafted, :meth:`from_pairs`) drafted from a row never written, or below one.  Their
+        tokens are the row's zeros, not predictions, so they get no forward tokens (the caller drops
+        them with ``TreeTensors.select``)."""
         blank = torch.zeros(tokens.shape, dtype=torch.bool, device=tokens.device)
         blank[1:] = self.empty_rows(tokens[tree.parents[1:]])
-        if before is not None:
-            blank &= ~self.from_pairs(tokens, tree, before)
+        if from_pair is not None:
+            blank &= ~from_pair
         return (tree.ancestors & blank[None, :]).any(1)
 
     # ---- phase 4: recycle --------------------------------------------------------------

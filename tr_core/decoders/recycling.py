@@ -148,8 +148,9 @@ class TokenRecyclingDecoder(TreeDecoder):
         before = self.before_root()
         with clock.phase("retrieve"):
             tokens = self.matrix.retrieve_draft_tree(self.last, tree, before)  # [q]
-            tokens, tree, kept = self.drop_blank_drafts(tokens, tree, before)
-            sources = ["root"] + self.draft_sources(tokens, tree, before)
+            paired = self.matrix.from_pairs(tokens, tree, before) if before is not None else None  # [q]
+            tokens, tree, kept = self.drop_blank_drafts(tokens, tree, paired)
+            sources = ["root"] + self.draft_sources(tokens, tree, None if paired is None else paired[kept])
         shape, grafted, offered, blank = self.tree, 0, None, self.tree.size + 1 - len(kept)
         drafted = [shape.paths[i - 1] for i in kept[1:]] if self.planner is not None else None  # rank paths
         if self.node_budget is not None:
@@ -192,25 +193,26 @@ class TokenRecyclingDecoder(TreeDecoder):
         prior[0] = before
         return prior
 
-    def drop_blank_drafts(self, tokens: torch.Tensor, tree, before: int | None = None):
+    def drop_blank_drafts(self, tokens: torch.Tensor, tree, paired: torch.Tensor | None = None):
         """Phase 1's last part: no forward tokens for nodes drafted from a row never written (their
-        tokens are the row's zeros, not predictions) nor for anything below them.
+        tokens are the row's zeros, not predictions) nor for anything below them; ``paired [q]``:
+        the nodes a pair row drafted (never blank).
 
         Returns (tokens [q'], tree tensors [q'], the kept nodes' indices in the static shape)."""
-        blank = self.matrix.blank_drafts(tokens, tree, before) if self.drop_blank else None  # [q]
+        blank = self.matrix.blank_drafts(tokens, tree, paired) if self.drop_blank else None  # [q]
         if blank is None or not bool(blank.any()):
             return tokens, tree, list(range(tokens.shape[0]))
         keep = ~blank
         sub = tree.select(keep)
         return tokens[keep], sub, sub.kept.tolist()
 
-    def draft_sources(self, tokens: torch.Tensor, tree, before: int | None = None) -> list[str]:
-        """Each draft node's source: ``"matrix"``, ``"pair"`` where its parent's pair row drafted it,
-        or ``"empty"`` where it was drafted from a row never written (only where blank drafts are
-        kept, the paper's method: else none are left)."""
+    def draft_sources(self, tokens: torch.Tensor, tree, paired: torch.Tensor | None = None) -> list[str]:
+        """Each draft node's source: ``"matrix"``, ``"pair"`` where its parent's pair row drafted it
+        (``paired [q]``), or ``"empty"`` where it was drafted from a row never written (only where
+        blank drafts are kept, the paper's method: else none are left)."""
         if tokens.shape[0] == 1:
             return []
-        pair = self.matrix.from_pairs(tokens, tree, before)[1:].tolist() if before is not None else None
+        pair = paired[1:].tolist() if paired is not None else None
         empty = None if self.drop_blank else self.matrix.empty_rows(tokens[tree.parents[1:]]).tolist()
         return ["pair" if pair and pair[i] else "empty" if empty and empty[i] else "matrix"
                 for i in range(tokens.shape[0] - 1)]
