@@ -29,9 +29,20 @@ from tr_core.trees import list_presets
 ASSETS = Path(__file__).with_name("assets")
 MODEL_CHOICES = [EMBEDDED_LABEL, "Qwen/Qwen2.5-0.5B-Instruct", "meta-llama/Llama-3.2-1B-Instruct",
                  "lmsys/vicuna-7b-v1.3"]
-INTRO = ("<b>♻️ Token Recycling, step by step</b>: drafts a tree from the matrix <b>M</b> (each token's k likeliest "
-         "next tokens, recycled from earlier forwards), checks it in one forward pass, races plain greedy decoding. "
-         "Keys: <kbd>S</kbd> step <kbd>P</kbd> play <kbd>R</kbd> run/stop <kbd>N</kbd>/<kbd>B</kbd> next/previous phase")
+KEYS = ("Keys: <kbd>S</kbd> step <kbd>P</kbd> play <kbd>R</kbd> run/stop <kbd>N</kbd>/<kbd>B</kbd> next/previous "
+        "phase")
+INTROS = {  # the page's header, by method: it describes the method the Method box shows
+    "tr": "<b>♻️ Token Recycling, step by step</b>: drafts a tree from the matrix <b>M</b> (each token's k likeliest "
+          "next tokens, recycled from earlier forwards), checks it in one forward pass, races plain greedy decoding. ",
+    "ptd": "<b>🌱 Progressive Tree Drafting, step by step</b>: a draft tree rides along in each forward pass and "
+           "grows a level a step from the model's own predictions; its paths become n-gram tries, and the trie of "
+           "the last token is checked in the same forward, racing plain greedy decoding (no matrix). "}
+INTRO = INTROS["tr"] + KEYS
+
+
+def intro_for(method_label: str) -> str:
+    """The header for the method chosen in the Method box (``METHODS``' labels)."""
+    return INTROS.get(METHODS.get(method_label, "tr"), INTROS["tr"]) + KEYS
 
 
 def build_app(hub: ModelHub, cap: int = 256, default_tokens: int = 96, matrix_path: str | None = None,
@@ -43,12 +54,13 @@ def build_app(hub: ModelHub, cap: int = 256, default_tokens: int = 96, matrix_pa
                  record=gpu_task(duration=120)(recorder.record) if recorder else None)
     with gr.Blocks(title="Token Recycling, step by step") as demo:
         session = gr.State(None, time_to_live=3600, delete_callback=h.end_session)
-        gr.HTML(INTRO, elem_id="intro")
+        intro = gr.HTML(INTRO, elem_id="intro")
         with gr.Tabs():
             with gr.Tab("Step by step", elem_id="steps-tab"):
                 ui = step_tab(hub, cap, default_tokens)
             with gr.Tab("Compare methods", elem_id="compare"):
                 cmp = compare_tab()
+        ui["intro"] = intro
         wire(demo, h, session, ui, cmp, hub, cap, recorder)
     return demo
 
@@ -167,15 +179,16 @@ def wire(demo: gr.Blocks, h: Handlers, session, ui: dict, cmp: dict, hub: ModelH
     play = [ui["timer"], ui["play"]]
     buttons = [ui["step"], ui["play"], ui["run"], ui["stop"]]
     prepare = dict(fn=files.prepare, inputs=session, outputs=ui["save"])
+    follow = dict(fn=h.replay_controls, inputs=session, outputs=[ui["method"], ui["example_run"]])  # a replay's method
 
-    ui["step"].click(gpu["step"], step_in, views, api_name="do_step", **stepping).then(**prepare)
-    ui["prompt"].submit(gpu["step"], step_in, views, **stepping).then(**prepare)
+    ui["step"].click(gpu["step"], step_in, views, api_name="do_step", **stepping).then(**prepare).then(**follow)
+    ui["prompt"].submit(gpu["step"], step_in, views, **stepping).then(**prepare).then(**follow)
     ui["next"].click(gpu["next_frame"], step_in, views, **stepping).then(**prepare)
     ui["prev"].click(h.prev_frame, session, views)
     # Run to end: the first step, then one per tick of its timer; between two of a tab's steps, other
     # tabs' queued steps run (no tab waits for another's whole run).  do_run: the whole run in one call (API).
     ui["run"].click(lambda: ui_running(True), None, buttons).then(  # at once: the run has begun
-        gpu["run_start"], step_in, views + [ui["run_timer"], *buttons], **stepping).then(**prepare)
+        gpu["run_start"], step_in, views + [ui["run_timer"], *buttons], **stepping).then(**prepare).then(**follow)
     ui["run_timer"].tick(gpu["run_tick"], step_in, views + [ui["run_timer"], *buttons], trigger_mode="once",
                          **stepping).then(**prepare)
     gr.Button(visible=False).click(gpu["run"], step_in, views, api_name="do_run", **model)
@@ -184,19 +197,22 @@ def wire(demo: gr.Blocks, h: Handlers, session, ui: dict, cmp: dict, hub: ModelH
     ui["play"].click(h.toggle_play, [ui["play"], ui["speed"], session], play)
     ui["speed"].change(lambda v: gr.Timer(value=1.0 / float(v)), ui["speed"], ui["timer"])
     # Reset queues with the steps: a step already running is drawn before it, never over it
-    ui["reset"].click(h.reset, session, views + [ui["timer"], ui["run_timer"], *buttons], **model).then(**prepare)
+    ui["reset"].click(h.reset, session, views + [ui["timer"], ui["run_timer"], *buttons], **model).then(
+        **prepare).then(**follow)
     ui["history"].input(h.history, [ui["history"], session], views, trigger_mode="always_last")  # lands where released
     ui["teach"].change(h.teach_toggled, [ui["teach"], session], views)
     # the hidden fields are written by keyboard.js; Gradio's .input fires on typed keys only, .change on any value
     ui["node_pick"].change(h.pick_node, [ui["node_pick"], session], views)
     ui["token_pick"].change(h.pick_token, [ui["token_pick"], session], views)
     ui["example"].input(lambda p: p or gr.skip(), ui["example"], ui["prompt"])
-    ui["open"].upload(files.upload, [ui["open"], session], views).then(**prepare)
-    ui["example_run"].input(files.example, [ui["example_run"], session], views).then(**prepare)
+    ui["open"].upload(files.upload, [ui["open"], session], views).then(**prepare).then(
+        lambda sess: h.replay_controls(sess, opened_file=True), session, [ui["method"], ui["example_run"]])
+    ui["example_run"].input(files.example, [ui["example_run"], session], views).then(**prepare).then(**follow)
     for field in settings_inputs:  # a change that must start a new run says so (the run shown stays)
         field.input(h.settings_changed, [session, ui["prompt"], *settings_inputs], ui["status"])
     tr_only = [s["tree"], s["k"], s["hot"], s["lookup"], ui["start"]]
-    ui["method"].change(lambda m: [gr.update(visible=METHODS.get(m) == "tr")] * len(tr_only), ui["method"], tr_only)
+    ui["method"].change(lambda m: [gr.update(visible=METHODS.get(m) == "tr")] * len(tr_only) + [intro_for(m)],
+                        ui["method"], tr_only + [ui["intro"]])
     s["reset_matrix"].click(h.reset_matrix, session, views, **model)
     s["save_matrix"].click(h.save_matrix, session, [session, s["matrix_file"], ui["status"]], **model)
     s["load_matrix"].upload(h.load_matrix, [s["load_matrix"], *settings_inputs, session], views, **model)

@@ -241,6 +241,16 @@ class Handlers:
         return self.step(request, prompt, *rest, True, sess)
 
     # ---- no model work ----------------------------------------------------------------------
+    @staticmethod
+    def replay_controls(sess: Session | None, opened_file: bool = False):
+        """(Method box, example-run box) after a step or an opened run: the Method box shows a replay's
+        method; the example-run box empties once no example is shown (``opened_file``: a file took
+        its place)."""
+        if sess is None or sess.replay is None:
+            return gr.skip(), None
+        label = next((k for k, v in METHODS.items() if v == sess.replay.method), None)
+        return label or gr.skip(), None if opened_file else gr.skip()
+
     def prev_frame(self, sess: Session | None):
         sess = sess or Session()
         view = sess.view()

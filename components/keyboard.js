@@ -36,7 +36,28 @@
       });
     }
   };
-  new MutationObserver(hook).observe(document.body, {childList: true, subtree: true});
+  // A step waiting behind other visitors' steps: Gradio's queue text on the status line ("queue: 2/3")
+  // becomes a sentence of ours under it; the panels stay as they are meanwhile.
+  const waitNote = () => {
+    const status = document.querySelector("#status");
+    if (!status) return;
+    let note = document.querySelector("#wait-note");
+    if (!note) {
+      note = document.createElement("div");
+      note.id = "wait-note";
+      note.setAttribute("role", "status");
+      status.insertAdjacentElement("afterend", note);
+    }
+    const shown = status.querySelector(".progress-text");
+    const queued = /queue:\s*(\d+)\s*\//.exec(shown ? shown.textContent : "");
+    const text = queued ? `⏳ Another visitor's step is running: ${queued[1]} ahead of you. ` +
+      "Yours follows in turn; your panels stay as they are meanwhile." : "";
+    if (note.textContent !== text) {
+      note.textContent = text;
+      if (text) (window.trWaitNotes = window.trWaitNotes || []).push(text);  // read by the browser tests
+    }
+  };
+  new MutationObserver(() => { hook(); waitNote(); }).observe(document.body, {childList: true, subtree: true, characterData: true});
   const status = document.querySelector("#status");
   if (status) { status.setAttribute("role", "status"); status.setAttribute("aria-live", "polite"); }
 }

@@ -34,11 +34,11 @@ def draw_panels(view: RunView | None, n: int | None = None, frame: int = 0, pick
     div = view.divergence(done) if done else None
     figures = view.figures(done) if done else None
     return (tree_figure(step, text_of, tree_title(view, n), frame, picked),
-            draft_figure(step, text_of, f"PTD's draft tree after step {n} (rides along in the next forward)"
+            draft_figure(step, text_of, f"PTD's draft tree after step {n}<br>(it rides along in the next forward)"
                          if view.method == "ptd" else ""),
             heatmap_figure(step, text_of, frame, rows),
             output_html(view.steps[:done] if frame else view.steps, text_of, view.special, current=n,
-                        mark=div and div["position"]),  # later steps dimmed (History), none in Teach mode
+                        mark=div and div["position"], prompt_ids=view.header.get("prompt_ids")),  # later steps dimmed
             counters_html(figures, label, sampled=view.sampled,
                           extra=html.escape(describe(Divergence(**div), lambda t: visible(text_of(t), 20))) if div else "",
                           start=view.header.get("matrix_start", ""),

@@ -1,6 +1,8 @@
 """The generated text, each token coloured by how it was committed; click a token to open its step."""
 from __future__ import annotations
 
+import html
+
 from tr_core.trace import Step
 
 from .tokens import html_text
@@ -13,10 +15,17 @@ LEGEND = ('<span class="tok tok-draft">accepted draft</span> '
 
 
 def output_html(steps: list[Step], token_text, special: set[int] = frozenset(), current: int | None = None,
-                mark: int | None = None) -> str:
+                mark: int | None = None, prompt_ids: list[int] | None = None) -> str:
     """``current``: the step shown (its tokens outlined, later ones dimmed); ``mark``: one output position to flag
-    (e.g. where two precisions first part)."""
-    parts = [f'<div class="legend">{LEGEND}</div><div class="gen-text" role="list">']
+    (e.g. where two precisions first part); ``prompt_ids``: the prompt as the model reads it (template
+    included), shown folded: prompt lookup may copy from parts the visitor never typed."""
+    parts = [f'<div class="legend">{LEGEND}</div>']
+    if prompt_ids:
+        read = html.escape("".join(token_text(t) for t in prompt_ids))
+        parts.append('<details class="model-reads"><summary>What the model reads before its reply: your prompt '
+                     'inside its chat template (prompt lookup can copy from any of it)</summary>'
+                     f'<pre>{read}</pre></details>')
+    parts.append('<div class="gen-text" role="list">')
     pos = 0
     for step in steps:
         n = len(step.committed)

@@ -101,8 +101,8 @@ def tree_figure(step: Step | None, token_text, title: str = "", frame: int = 0, 
     accept, recycle.  ``picked``: a node to ring (clicked).  Each node carries its index as customdata."""
     fig = blank_figure("", "tree")
     empty = step is not None and "empty" in (step.tree.sources or [])
-    left_out = (f"<br>∅ {step.blank_drafts} places of the tree left out: their parent's row was never written, "
-                "so they would predict nothing; they get no forward and no children") \
+    left_out = (f"<br>∅ hollow leaf: the row of the node above it was never written, so its {step.blank_drafts} "
+                "places would predict nothing: no forward, no children") \
         if step is not None and step.blank_drafts and not empty else ""
     titled(fig, title or "Draft tree", FRAME_LEGEND.get(frame, LEGEND) + (EMPTY_LEGEND if empty else "") + left_out)
     if step is None:
@@ -123,6 +123,7 @@ def tree_figure(step: Step | None, token_text, title: str = "", frame: int = 0, 
     if show_path:
         fig.add_trace(edge_trace([(pos[a], pos[b]) for a, b in zip(step.accepted_path, step.accepted_path[1:])],
                                  COLORS["accepted"], 4))
+    _blank_leaves(fig, step, token_text, pos)
     _node_trace(fig, step, token_text, pos, kinds, sources, picked, frame)
     if show_path and step.committed:
         _bonus_trace(fig, step, token_text, pos, depths)
@@ -131,6 +132,23 @@ def tree_figure(step: Step | None, token_text, title: str = "", frame: int = 0, 
                                  y=[pos[i][1] for i in step.accepted_path[1:]], mode="markers", hoverinfo="skip",
                                  marker=dict(size=26, symbol="circle-open", color=COLORS["bonus"], line_width=2)))
     return fig
+
+
+def _blank_leaves(fig: go.Figure, step: Step, token_text, pos: dict) -> None:
+    """One hollow ∅ leaf, on a dotted edge, under each node whose children were left out (its row was never
+    written, ``Step.blank_under``): the places the tree shape had there, sent to no forward."""
+    under = [i for i in step.blank_under if i in pos]
+    if not under:
+        return
+    spot = {i: (pos[i][0] - 0.05, pos[i][1] - 0.55) for i in under}  # half a row down: clear of real children
+    fig.add_trace(edge_trace([(pos[i], spot[i]) for i in under], EMPTY_COLOR, 1, "dot"))
+    fig.add_trace(go.Scatter(
+        x=[spot[i][0] for i in under], y=[spot[i][1] for i in under], mode="markers+text", text=["∅"] * len(under),
+        textposition="middle left", textfont=dict(size=12, color=EMPTY_COLOR),
+        marker=dict(size=14, symbol="circle-open", color=EMPTY_COLOR, line_width=1.5),
+        hovertext=[f"<b>∅ left out</b> under {visible(token_text(step.tree.tokens[i]), 30)}<br>its matrix row was "
+                   "never written, so its children would be blank drafts (the row's zeros, not predictions):<br>"
+                   "they get no forward tokens and no children" for i in under], hoverinfo="text"))
 
 
 def _frame_axes(fig: go.Figure, pos: dict, depths: list[int]) -> None:
@@ -223,6 +241,7 @@ def draft_figure(step: Step | None, token_text, title: str = "") -> go.Figure:
     """PTD's evolving draft tree after a step: kept nodes grey, new children green, pruned ones red."""
     fig = blank_figure("", "draft")
     titled(fig, title or "PTD's draft tree", DRAFT_LEGEND)
+    fig.update_layout(margin=dict(t=76))  # a two-line title (it fits a phone's width) and the legend's two lines
     d = step.draft_tree if step is not None else None
     if d is None or len(d.tokens) < 2:
         fig.add_annotation(text="Choose the PTD method to see its evolving draft tree" if d is None

@@ -28,7 +28,8 @@ def forward_passes(page) -> int:
 def class_load(url: str, tabs: int = 8, steps: int = 3, chromium: str | None = None) -> dict:
     """One tab runs ``RUNNER`` to the end while ``tabs`` others each press Step ``steps`` times (the
     next press once the last one is drawn).  Returns each tab's waits (seconds from a press to its
-    drawn step) and whether the run was still going when every other tab had its steps."""
+    drawn step), whether the run was still going when every other tab had its steps, and the wait
+    notes each tab showed meanwhile (``components/keyboard.js``)."""
     from playwright.sync_api import expect, sync_playwright
 
     with sync_playwright() as p:
@@ -63,8 +64,10 @@ def class_load(url: str, tabs: int = 8, steps: int = 3, chromium: str | None = N
                     time.sleep(0.05)
                 assert not pending, f"tabs {sorted(pending)} never got step {n}"
             still_running = "Done" not in runner.locator("#status").inner_text()
+            notes = [page.evaluate("window.trWaitNotes || []") for page in others]  # what each waiting tab said
             expect(runner.locator("#status")).to_contain_text("Done", timeout=600_000)
-            return {"waits": waits, "run_still_going": still_running, "run_steps": forward_passes(runner)}
+            return {"waits": waits, "run_still_going": still_running, "run_steps": forward_passes(runner),
+                    "wait_notes": notes}
         finally:
             browser.close()
 
@@ -75,6 +78,10 @@ def test_eight_tabs_are_served_while_a_ninth_runs_to_the_end(launched):  # noqa:
     out = class_load(launched[1], tabs=8, steps=2)
     assert out["run_still_going"], "every tab's steps should be served before the other tab's run ends"
     assert all(len(w) == 2 for w in out["waits"])
+    said = [n for notes in out["wait_notes"] for n in notes]
+    assert said, "a tab waiting behind others' steps should say why it waits"
+    assert all(re.match(r"⏳ Another visitor's step is running: \d+ ahead of you\.", n) for n in said), said
+    assert any(int(re.search(r"(\d+) ahead", n).group(1)) > 1 for n in said), "8 tabs at once: some wait behind more than one"
     print("longest waits (s):", [round(max(w), 1) for w in out["waits"]], "run steps:", out["run_steps"])
 
 
@@ -91,6 +98,7 @@ if __name__ == "__main__":
         result = class_load(f"http://127.0.0.1:{port}/", tabs=8, steps=3)
         for i, w in enumerate(result["waits"], 1):
             print(f"tab {i}: waits {', '.join(f'{x:.1f}' for x in w)} s; longest {max(w):.1f} s")
+        print("wait notes seen:", sorted({n for notes in result["wait_notes"] for n in notes})[:4])
         print(f"the running tab was still running when all had their steps: {result['run_still_going']}; "
               f"its run took {result['run_steps']} steps")
     finally:

@@ -49,6 +49,15 @@ def test_tr_step_record_is_consistent(tiny_lm):
         before = {r.token: r.old for r in step.rows_written}
         assert all(any(before[t.tokens[p]]) for p in t.parents[1:])
         blanks += step.blank_drafts
+        # the nodes whose children were left out: exactly the kept nodes that had children in the shape
+        # and whose row (before this step's writes) was never written
+        paths = [()]
+        for j in range(1, len(t.tokens)):
+            paths.append(paths[t.parents[j]] + (t.ranks[j],))
+        with_kids = {j for j, q in enumerate(paths) if any(len(r) == len(q) + 1 and r[:len(q)] == q for r in tree.paths)}
+        empty_row = {j for j in with_kids if not any(before[t.tokens[j]])}
+        assert set(step.blank_under) == empty_row
+        assert bool(step.blank_under) == (step.blank_drafts > 0)
         path = step.accepted_path
         assert path[0] == 0 and all(t.parents[b] == a for a, b in zip(path, path[1:]))
         # every accepted draft equals the model's choice at its parent

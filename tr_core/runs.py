@@ -132,9 +132,11 @@ def step_from_dict(d: dict, index: int) -> Step:
     draft = _tree(d["draft_tree"]) if d.get("draft_tree") else None
     _need(int(d["index"]) == index, "index")
     _need(int(d.get("blank_drafts", 0)) >= 0, "blank_drafts")
+    under = _ints(d.get("blank_under", []))
+    _need(all(0 <= i < len(tree.tokens) for i in under), "blank_under")
     return Step(index, str(d["method"]), tree, path, _ints(d["committed"]), choices, rows,
                 int(d["forward_tokens"]), int(d["cache_length"]), timings, bool(d.get("done", False)),
-                bool(d.get("sampled", False)), draft, blank_drafts=int(d.get("blank_drafts", 0)),
+                bool(d.get("sampled", False)), draft, blank_drafts=int(d.get("blank_drafts", 0)), blank_under=under,
                 wall=None if d.get("wall") is None else float(d["wall"]))
 
 

@@ -49,6 +49,7 @@ class Step:
     # fate ("kept", "new", "pruned").  Its nodes ride along in the forward but are never verified.
     draft_tree: DraftTree | None = None
     blank_drafts: int = 0  # TR: nodes of the tree shape left out, drafted from rows never written (or below one)
+    blank_under: list[int] = field(default_factory=list)  # TR: tree nodes whose children were left out (rows never written)
     wall: float | None = None  # the whole step's wall-clock seconds, device synchronised once (tr_core.race.timed_step)
 
     @property

@@ -149,7 +149,7 @@ class TokenRecyclingDecoder(TreeDecoder):
         with clock.phase("retrieve"):
             tokens = self.matrix.retrieve_draft_tree(self.last, tree, before)  # [q]
             paired = self.matrix.from_pairs(tokens, tree, before) if before is not None else None  # [q]
-            tokens, tree, kept = self.drop_blank_drafts(tokens, tree, paired)
+            tokens, tree, kept, blank_parents = self.drop_blank_drafts(tokens, tree, paired)
             sources = ["root"] + self.draft_sources(tokens, tree, None if paired is None else paired[kept])
         shape, grafted, offered, blank = self.tree, 0, None, self.tree.size + 1 - len(kept)
         drafted = [shape.paths[i - 1] for i in kept[1:]] if self.planner is not None else None  # rank paths
@@ -171,6 +171,8 @@ class TokenRecyclingDecoder(TreeDecoder):
         step = self.finish_tree_step(tokens, tree, sources, verdict, path, clock,
                                      _row_updates(rows) if self.trace_rows else None)
         step.blank_drafts = blank
+        index = {shape_node: i for i, shape_node in enumerate(kept)}  # the verified tree's node of each kept one
+        step.blank_under = sorted({index[p] for p in blank_parents if p in index})
         if self.planner is not None:
             self.planner.record_host(tokens.shape[0], time.perf_counter() - started - clock.seconds["forward"])
         return step
@@ -198,13 +200,16 @@ class TokenRecyclingDecoder(TreeDecoder):
         tokens are the row's zeros, not predictions) nor for anything below them; ``paired [q]``:
         the nodes a pair row drafted (never blank).
 
-        Returns (tokens [q'], tree tensors [q'], the kept nodes' indices in the static shape)."""
+        Returns (tokens [q'], tree tensors [q'], the kept nodes' indices in the static shape, the
+        indices in the static shape of the kept nodes whose children were left out)."""
         blank = self.matrix.blank_drafts(tokens, tree, paired) if self.drop_blank else None  # [q]
         if blank is None or not bool(blank.any()):
-            return tokens, tree, list(range(tokens.shape[0]))
+            return tokens, tree, list(range(tokens.shape[0])), []
         keep = ~blank
         sub = tree.select(keep)
-        return tokens[keep], sub, sub.kept.tolist()
+        parents = tree.parents.clamp(min=0)
+        tops = blank & keep[parents]  # a blank draft under a kept node: the top of a left-out branch
+        return tokens[keep], sub, sub.kept.tolist(), sorted(set(parents[tops].tolist()))
 
     def draft_sources(self, tokens: torch.Tensor, tree, paired: torch.Tensor | None = None) -> list[str]:
         """Each draft node's source: ``"matrix"``, ``"pair"`` where its parent's pair row drafted it
