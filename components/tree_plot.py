@@ -143,7 +143,8 @@ def _blank_leaves(fig: go.Figure, step: Step, token_text, pos: dict) -> None:
     spot = {i: (pos[i][0] - 0.05, pos[i][1] - 0.55) for i in under}  # half a row down: clear of real children
     fig.add_trace(edge_trace([(pos[i], spot[i]) for i in under], EMPTY_COLOR, 1, "dot"))
     fig.add_trace(go.Scatter(
-        x=[spot[i][0] for i in under], y=[spot[i][1] for i in under], mode="markers+text", text=["∅"] * len(under),
+        name="left out", x=[spot[i][0] for i in under], y=[spot[i][1] for i in under], mode="markers+text",
+        text=["∅"] * len(under),
         textposition="middle left", textfont=dict(size=12, color=EMPTY_COLOR),
         marker=dict(size=14, symbol="circle-open", color=EMPTY_COLOR, line_width=1.5),
         hovertext=[f"<b>∅ left out</b> under {visible(token_text(step.tree.tokens[i]), 30)}<br>its matrix row was "
