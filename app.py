@@ -17,7 +17,7 @@ from components.compare import compare_handler
 from components.handlers import Handlers, gpu_wrapped, ui_running
 from components.model_hub import ModelHub
 from components.recorded import Recorder, load_at_start_up
-from components.run_files import RunFiles, example_runs
+from components.run_files import RunFiles, example_choices
 from components.session import COLD, METHODS
 from components.startup import warm_up
 from components.zerogpu import gpu_task
@@ -34,7 +34,7 @@ KEYS = ("Keys: <kbd>S</kbd> step <kbd>P</kbd> play <kbd>R</kbd> run/stop <kbd>N<
 INTROS = {  # the page's header, by method: it describes the method the Method box shows
     "tr": "<b>♻️ Token Recycling, step by step</b>: drafts a tree from the matrix <b>M</b> (each token's k likeliest "
           "next tokens, recycled from earlier forwards), checks it in one forward pass, races plain greedy decoding. ",
-    "ptd": "<b>🌱 Progressive Tree Drafting, step by step</b>: a draft tree rides along in each forward pass and "
+    "ptd": "<b>Progressive Tree Drafting, step by step</b>: a draft tree rides along in each forward pass and "
            "grows a level a step from the model's own predictions; its paths become n-gram tries, and the trie of "
            "the last token is checked in the same forward, racing plain greedy decoding (no matrix). "}
 INTRO = INTROS["tr"] + KEYS
@@ -92,7 +92,7 @@ def step_tab(hub: ModelHub, cap: int, default_tokens: int) -> dict:
                                   interactive=False, scale=5)
         ui["speed"] = gr.Slider(0.5, 5, value=2, step=0.5, label="Play: steps/s", scale=1, min_width=120,
                                 )
-        ui["example_run"] = gr.Dropdown(example_runs(), value=None, label="Example runs",
+        ui["example_run"] = gr.Dropdown(example_choices(), value=None, label="Example runs",
                                         elem_id="example-runs", scale=2, min_width=160)
         ui["example"] = gr.Dropdown([(f"{e['category']}: {e['prompt'][:50]}", e["prompt"]) for e in examples],
                                     value=None, label="Example prompts", elem_id="examples", scale=2, min_width=160)
@@ -105,7 +105,7 @@ def step_tab(hub: ModelHub, cap: int, default_tokens: int) -> dict:
             with gr.Tabs():
                 with gr.Tab("Verified tree"):
                     ui["tree"] = gr.Plot(elem_id="tree-plot", show_label=False)
-                with gr.Tab("Acceptance map", elem_id="acceptance-tab"):
+                with gr.Tab("Acceptance", elem_id="acceptance-tab"):  # short: three tabs fit a phone's width
                     ui["acceptance"] = gr.Plot(elem_id="acceptance-map", show_label=False)
                 with gr.Tab("PTD draft tree", elem_id="draft-tab"):
                     ui["draft"] = gr.Plot(elem_id="draft-plot", show_label=False)
@@ -179,7 +179,8 @@ def wire(demo: gr.Blocks, h: Handlers, session, ui: dict, cmp: dict, hub: ModelH
     play = [ui["timer"], ui["play"]]
     buttons = [ui["step"], ui["play"], ui["run"], ui["stop"]]
     prepare = dict(fn=files.prepare, inputs=session, outputs=ui["save"])
-    follow = dict(fn=h.replay_controls, inputs=session, outputs=[ui["method"], ui["example_run"]])  # a replay's method
+    replay_boxes = [ui["method"], ui["example_run"], ui["prompt"]]
+    follow = dict(fn=h.replay_controls, inputs=session, outputs=replay_boxes)  # they follow a replay
 
     ui["step"].click(gpu["step"], step_in, views, api_name="do_step", **stepping).then(**prepare).then(**follow)
     ui["prompt"].submit(gpu["step"], step_in, views, **stepping).then(**prepare).then(**follow)
@@ -206,7 +207,7 @@ def wire(demo: gr.Blocks, h: Handlers, session, ui: dict, cmp: dict, hub: ModelH
     ui["token_pick"].change(h.pick_token, [ui["token_pick"], session], views)
     ui["example"].input(lambda p: p or gr.skip(), ui["example"], ui["prompt"])
     ui["open"].upload(files.upload, [ui["open"], session], views).then(**prepare).then(
-        lambda sess: h.replay_controls(sess, opened_file=True), session, [ui["method"], ui["example_run"]])
+        lambda sess: h.replay_controls(sess, opened_file=True), session, replay_boxes)
     ui["example_run"].input(files.example, [ui["example_run"], session], views).then(**prepare).then(**follow)
     for field in settings_inputs:  # a change that must start a new run says so (the run shown stays)
         field.input(h.settings_changed, [session, ui["prompt"], *settings_inputs], ui["status"])

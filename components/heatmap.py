@@ -13,9 +13,9 @@ MAX_ROWS = 20
 SCALE = [[0.0, "#eef1f4"], [0.24, "#eef1f4"], [0.25, "#ffe08a"], [0.49, "#ffe08a"], [0.5, "#f08a4b"],
          [0.74, "#f08a4b"], [0.75, "#ffffff"], [1.0, "#ffffff"]]
 ROWS = "each row: a token (·its id) and its k likeliest next tokens<br>▶ on the accepted path · "
-AFTER = (f"{ROWS}shown <b>after</b> this step's writes<br><span style='color:#999'>■</span> unchanged "
-         "<span style='color:#e0b000'>■</span> moved within the row <span style='color:#f08a4b'>■</span> new · "
-         "∅ never written")
+AFTER = (f"{ROWS}shown <b>after</b> this step's writes<br>against the row before: <span style='color:#999'>"
+         "■</span> unchanged <span style='color:#e0b000'>■</span> moved <span style='color:#f08a4b'>"
+         "■</span> new · ∅ never written")
 BEFORE = f"{ROWS}shown <b>before</b> this step's writes<br>what the drafts were read from · ∅ never written"
 EMPTY_START = "Each step writes the rows of every token<br>it ran through the model (the recycling)."
 
@@ -58,8 +58,8 @@ def heatmap_figure(step: Step | None, token_text, frame: int = 0, picked: list[i
     more = f" (+{len(rows) - len(shown)} more)" if len(rows) > len(shown) else ""
     blank = sum(1 for r in step.rows_written if not any(r.old))
     note = f" · {blank} {'was' if blank == 1 else 'were'} empty" if blank else ""
-    title = (f"The matrix M: the {len(rows)} rows of this step's tree{more}" if guessing else
-             f"The matrix M: {len(rows)} rows written this step{more}{note}")
+    title = (f"The matrix M: the {len(rows)} row{'s' * (len(rows) != 1)} of this step's tree{more}" if guessing else
+             f"The matrix M: {len(rows)} row{'s' * (len(rows) != 1)} written this step{more}{note}")
     titled(fig, title, BEFORE if before else AFTER)
     fig.update_layout(yaxis=dict(tickmode="array", tickvals=list(range(len(shown))), ticktext=ylabels,
                                  autorange="reversed", tickfont=dict(size=10)), xaxis=dict(side="top", title=None))

@@ -50,7 +50,7 @@
     }
     const shown = status.querySelector(".progress-text");
     const queued = /queue:\s*(\d+)\s*\//.exec(shown ? shown.textContent : "");
-    const text = queued ? `⏳ Another visitor's step is running: ${queued[1]} ahead of you. ` +
+    const text = queued ? `Waiting: another visitor's step is running: ${queued[1]} ahead of you. ` +
       "Yours follows in turn; your panels stay as they are meanwhile." : "";
     if (note.textContent !== text) {
       note.textContent = text;

@@ -55,7 +55,7 @@ def tree_title(view: RunView, n: int) -> str:
         return "Draft tree"
     src = step.tree.sources
     if step.method == "ptd":
-        return f"Step {n}: candidates verified · trie of the last token ({step.tree.size} nodes)"
+        return f"Step {n}: the candidates verified ({step.tree.size} nodes)<br>from the trie of the last token"
     looked = sum(1 for s in src if s == "lookup")
     tree = str(view.header.get("settings", {}).get("tree", ""))
     if tree[:1] in ("[", "{") or len(tree) > 24:
@@ -89,6 +89,6 @@ def text_alternative(view: RunView, n: int, frame: int = 0) -> str:
     fig = view.figures(n) or {"speedup": 0.0}
     words = [f"Step {n} of {len(view.steps)}. Draft tree: {t.size} draft nodes; accepted drafts: {path}; "
              f"the model's own token: {own}; committed {len(step.committed)} tokens.",
-             f"Matrix: {len(step.rows_written)} rows written.",
+             f"Matrix: {len(step.rows_written)} row{'s' * (len(step.rows_written) != 1)} written.",
              f"Speedup after step {n}: {fig['speedup']:.2f}x.", acceptance_words(view.steps, n)]
     return "<div class='sr-only' role='note'>" + " ".join(html.escape(w) for w in words) + "</div>"

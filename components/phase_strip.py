@@ -10,8 +10,16 @@ from .tokens import visible
 
 LATER = ("A step can cost more than greedy's when its drafts miss: every draft token costs forward time (more "
          "on a CPU). Where drafts keep missing, the planner shrinks the tree, down to none.")
-EARLY = ("Early steps: the matrix is still mostly empty (∅), so few drafts hit yet, and every draft token "
-         "costs forward time (big trees cost more on a CPU): early steps can be slower than greedy.")
+EARLY = ("Early steps: a third or more of this tree would come from rows never written (∅), so few drafts "
+         "can hit yet, and every draft token costs forward time (big trees cost more on a CPU): early steps "
+         "can be slower than greedy.")
+
+
+def hit_words(step: Step) -> str:
+    """A step whose drafts hit, in words: what it committed for its one forward pass."""
+    n = len(step.committed)
+    return (f"<b>This step's drafts hit:</b> {n} tokens for one forward pass, where greedy needs {n} forward "
+            "passes. " if step.accepted_drafts else "")
 
 
 def phase_html(step: Step | None, token_text, frame: int = 0) -> str:
@@ -24,7 +32,10 @@ def _with_frame(body: str, frame: int, step: Step | None) -> str:
         body = body.replace(f'<div class="ph-cell"><span class="ph">{frame}.',
                             f'<div class="ph-cell ph-now"><span class="ph">{frame}.')
     if step is not None and step.method == "tr":
-        body += f'<div class="ph-note">{EARLY if _early(step) else LATER}</div>'
+        hit = hit_words(step) if frame in (0, 3, 4) else ""  # Teach mode: not before the accept frame
+        if frame == 4:
+            hit = "<b>Last phase of this step:</b> Phase ▶ now runs the next step. " + hit
+        body += f'<div class="ph-note">{hit}{EARLY if _early(step) else LATER}</div>'
     return f'<div class="phases-wrap" role="region" aria-label="What this step did">{body}</div>'
 
 
@@ -66,14 +77,14 @@ def _phase_body(step: Step | None, token_text, frame: int = 0) -> str:
                      f"{'were' if from_matrix != 1 else 'was'} read out of the matrix"
                      f"{f' ({paired} via pair rows)' if paired else ''}, "
                      f"branch by branch{_blank(step)} ({ms.get('retrieve', 0):.1f} ms).{extra}"),
-        ("verify", f"One forward pass of {step.forward_tokens} tokens checked every branch at once, each token "
-                   f"seeing only its ancestors ({ms.get('forward', 0):.0f} ms)."),
+        ("verify", f"One forward pass of {step.forward_tokens} token{'s' * (step.forward_tokens != 1)} checked every "
+                   f"branch at once, each token seeing only its ancestors ({ms.get('forward', 0):.0f} ms)."),
         ("accept", f"The longest branch matching the model's own choices had <b>{acc}</b> token{'s' * (acc != 1)}; "
                    f"the model added <b>{own}</b> itself, so this step committed <b>{len(step.committed)}</b> "
                    f"({min(acc, len(step.committed))} from the draft + "
                    f"{len(step.committed) - min(acc, len(step.committed))} of its own)."),
         ("recycle", f"The candidates the model produced at all {step.forward_tokens} positions, accepted or not, "
-                    f"were written into {len(step.rows_written)} matrix rows"
+                    f"were written into {len(step.rows_written)} matrix row{'s' * (len(step.rows_written) != 1)}"
                     f"{' and pair rows' if paired else ''}"
                     f" ({ms.get('update', 0):.1f} ms)."),
     ]
@@ -85,8 +96,9 @@ def _blank(step: Step) -> str:
     if empty:
         return f"; {empty} of them from empty rows (∅, never written)"
     if step.blank_drafts:
-        return (f"; {step.blank_drafts} more of the tree's places were left out: they would have come from rows "
-                "never written (∅), which hold no prediction yet")
+        n = step.blank_drafts
+        return (f"; {n} more of the tree's place{'s were' if n != 1 else ' was'} left out: {'they' if n != 1 else 'it'} "
+                "would have come from rows never written (∅), which hold no prediction yet")
     return ""
 
 

@@ -19,6 +19,21 @@ def example_runs() -> list[str]:
     return sorted(p.stem for p in EXAMPLE_DIR.glob("*.json"))
 
 
+def example_label(name: str) -> str:
+    """A run file's name in words: ``tr-paper-80-days-of-the-week`` -> ``TR, paper-80 tree: days of the week``."""
+    method, _, rest = name.partition("-")
+    if method == "tr":
+        for tree in ("paper-80", "auto"):
+            if rest.startswith(tree + "-"):
+                return f"TR, {tree} tree: {rest[len(tree) + 1:].replace('-', ' ')}"
+    return f"{method.upper()}: {rest.replace('-', ' ')}" if rest else name
+
+
+def example_choices() -> list[tuple[str, str]]:
+    """The Example runs box: (words, file name) for each example run."""
+    return [(example_label(n), n) for n in example_runs()]
+
+
 def run_file_for(sess: Session | None) -> str | None:
     """Write the tab's run (live or replayed) to its own temporary file; None when there is none."""
     view = sess.view() if sess is not None else None

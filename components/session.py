@@ -143,7 +143,7 @@ class Session:
         if cold:
             if not carry:
                 m = AdjacencyMatrix(lm.vocab_size, k, lm.device, lm.fingerprint)
-                m.note = "cold start: an empty matrix"
+                m.note = "cold start: an empty matrix (the prompt's own rows are written as it is read)"
             else:
                 m = m.to(lm.device)
                 m.note = "cold start, then this tab's earlier prompts"

@@ -62,13 +62,15 @@ def edge_trace(edges, color: str, width: float, dash: str | None = None) -> go.S
 
 
 LEGEND = ("<span style='color:#1f4e99'>●</span> root = last token · <span style='color:#2e9d4f'>●</span> accepted draft "
-          "· <span style='color:#9aa1a9'>●</span> rejected draft · <span style='color:#8e44ad'>●</span> from prompt lookup"
-          "<br><span style='color:#e0a100'>★</span> the token the model added itself · click a node")
-EMPTY_LEGEND = " · ∅ hollow: drafted from an empty row (never written), so it predicts nothing"
+          "· <span style='color:#9aa1a9'>●</span> rejected draft<br><span style='color:#8e44ad'>●</span> from prompt "
+          "lookup: copied from what followed the same words earlier<br><span style='color:#e0a100'>★</span> the token "
+          "the model added itself · click a node")
+EMPTY_LEGEND = "<br>∅ hollow: drafted from an empty row (never written): it predicts nothing"
 FRAME_LEGEND = {1: "Phase 1, retrieve: the drafts read out of the matrix, row by row<br>"
                    "<span style='color:#6c8ebf'>●</span> a draft (verdict at phase 2)",
                 2: "Phase 2, verify: one forward checks every node<br><span style='color:#2e9d4f'>●</span> the "
-                   "model chose this token after its parent · <span style='color:#d0455b'>✕</span> it chose another",
+                   "model chose this token after its parent · <span style='color:#d0455b'>✕</span> it chose another"
+                   "<br><span style='color:#c9ced4'>●</span> faded: below a ✕, so its verdict cannot count",
                 3: LEGEND, 4: LEGEND}
 DRAFT = "#6c8ebf"
 EMPTY_COLOR = "#444"  # a draft from a row never written (∅: the paper's full shape keeps them)
@@ -76,8 +78,11 @@ CROWDED = 14  # rows with more nodes than this label only their accepted nodes (
 
 
 def titled(fig: go.Figure, title: str, legend: str) -> None:
+    """A title over legend lines (each short enough for a phone's width); the top margin grows to hold them."""
     fig.update_layout(title=dict(text=f"{title}<br><span style='font-size:11px;color:#555'>{legend}</span>",
                                  x=0.01, y=0.97, yanchor="top", font_size=13))
+    lines = title.count("<br>") + legend.count("<br>") + 2
+    fig.update_layout(margin=dict(t=max(fig.layout.margin.t or 0, 8 + 14 * lines)))
 
 
 def node_kind(i: int, accepted: set[int], frame: int, sources: list[str], matches: list[bool]) -> str:
@@ -93,7 +98,7 @@ def node_kind(i: int, accepted: set[int], frame: int, sources: list[str], matche
 KIND_STYLE = {  # colour, size, symbol
     "root": (COLORS["root"], 22, "circle"), "accepted": (COLORS["accepted"], 16, "circle"),
     "rejected": (COLORS["rejected"], 9, "circle"), "draft": (DRAFT, 11, "circle"),
-    "match": (COLORS["accepted"], 12, "circle"), "miss": ("#d0455b", 9, "x")}
+    "match": (COLORS["accepted"], 12, "circle"), "miss": ("#d0455b", 9, "x"), "moot": ("#c9ced4", 8, "circle")}
 
 
 def tree_figure(step: Step | None, token_text, title: str = "", frame: int = 0, picked: int | None = None):
@@ -101,8 +106,9 @@ def tree_figure(step: Step | None, token_text, title: str = "", frame: int = 0, 
     accept, recycle.  ``picked``: a node to ring (clicked).  Each node carries its index as customdata."""
     fig = blank_figure("", "tree")
     empty = step is not None and "empty" in (step.tree.sources or [])
-    left_out = (f"<br>∅ hollow leaf: the row of the node above it was never written, so its {step.blank_drafts} "
-                "places would predict nothing: no forward, no children") \
+    n = step.blank_drafts if step is not None else 0
+    left_out = (f"<br>∅ hollow leaf: the row of the node above it was never written, so<br>its {n} "
+                f"place{'s' * (n != 1)} would predict nothing: no forward, no children") \
         if step is not None and step.blank_drafts and not empty else ""
     titled(fig, title or "Draft tree", FRAME_LEGEND.get(frame, LEGEND) + (EMPTY_LEGEND if empty else "") + left_out)
     if step is None:
@@ -116,14 +122,19 @@ def tree_figure(step: Step | None, token_text, title: str = "", frame: int = 0, 
     matches = [i > 0 and parents[i] < len(step.model_choices) and step.model_choices[parents[i]] == tok
                for i, tok in enumerate(t.tokens)]
     kinds = [node_kind(i, accepted, frame, sources, matches) for i in range(len(t.tokens))]
-    _frame_axes(fig, pos, depths)
+    if frame == 2:  # under a ✕ the text differs from the model's: a verdict there cannot count
+        for i in range(1, len(kinds)):
+            if kinds[parents[i]] in ("miss", "moot"):
+                kinds[i] = "moot"
+    spots = _blank_spots(step, pos)
+    _frame_axes(fig, {**pos, **{-1 - i: xy for i, xy in spots.items()}}, depths)
     show_path = frame in (0, 3, 4)
     rejected_edges = [(pos[p], pos[i]) for i, p in enumerate(parents) if p >= 0 and (i not in accepted or not show_path)]
     fig.add_trace(edge_trace(rejected_edges, "#dde1e6", 1))
     if show_path:
         fig.add_trace(edge_trace([(pos[a], pos[b]) for a, b in zip(step.accepted_path, step.accepted_path[1:])],
                                  COLORS["accepted"], 4))
-    _blank_leaves(fig, step, token_text, pos)
+    _blank_leaves(fig, step, token_text, pos, spots)
     _node_trace(fig, step, token_text, pos, kinds, sources, picked, frame)
     if show_path and step.committed:
         _bonus_trace(fig, step, token_text, pos, depths)
@@ -134,13 +145,17 @@ def tree_figure(step: Step | None, token_text, title: str = "", frame: int = 0, 
     return fig
 
 
-def _blank_leaves(fig: go.Figure, step: Step, token_text, pos: dict) -> None:
+def _blank_spots(step: Step, pos: dict) -> dict[int, tuple[float, float]]:
+    """Where the ∅ leaf under each node of ``Step.blank_under`` sits: below and left of it, clear of its label."""
+    return {i: (pos[i][0] - 0.08, pos[i][1] - 0.6) for i in step.blank_under if i in pos}
+
+
+def _blank_leaves(fig: go.Figure, step: Step, token_text, pos: dict, spot: dict) -> None:
     """One hollow ∅ leaf, on a dotted edge, under each node whose children were left out (its row was never
     written, ``Step.blank_under``): the places the tree shape had there, sent to no forward."""
-    under = [i for i in step.blank_under if i in pos]
+    under = list(spot)
     if not under:
         return
-    spot = {i: (pos[i][0] - 0.05, pos[i][1] - 0.55) for i in under}  # half a row down: clear of real children
     fig.add_trace(edge_trace([(pos[i], spot[i]) for i in under], EMPTY_COLOR, 1, "dot"))
     fig.add_trace(go.Scatter(
         name="left out", x=[spot[i][0] for i in under], y=[spot[i][1] for i in under], mode="markers+text",
@@ -182,11 +197,12 @@ def _node_trace(fig, step: Step, token_text, pos, kinds, sources, picked, frame:
         hovers.append(_hover(step, j, token_text, sources, frame))
     fig.add_trace(go.Scatter(
         x=[pos[j][0] for j in order], y=[pos[j][1] for j in order], mode="markers+text", text=labels,
-        textposition="bottom center", customdata=order,
-        textfont=dict(size=[9 if kinds[j] in ("rejected", "miss", "draft") else 11 for j in order],
-                      color=["#9aa1a9" if kinds[j] in ("rejected", "miss") else "#222" for j in order]),
+        textposition=["middle right" if per_depth[depths[j]] == 1 else "bottom center" for j in order],  # chains
+        customdata=order,
+        textfont=dict(size=[9 if kinds[j] in ("rejected", "miss", "draft", "moot") else 11 for j in order],
+                      color=["#9aa1a9" if kinds[j] in ("rejected", "miss", "moot") else "#222" for j in order]),
         marker=dict(size=sizes, color=colors, symbol=symbols, line=dict(width=1.5, color=colors),
-                    opacity=[0.6 if kinds[j] in ("rejected", "miss") else 1.0 for j in order]),
+                    opacity=[0.6 if kinds[j] in ("rejected", "miss", "moot") else 1.0 for j in order]),
         hovertext=hovers, hoverinfo="text"))
     if picked is not None and 0 <= picked < len(t.tokens):
         fig.add_trace(go.Scatter(x=[pos[picked][0]], y=[pos[picked][1]], mode="markers", hoverinfo="skip",

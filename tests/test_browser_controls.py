@@ -73,7 +73,7 @@ def test_step_on_a_replay_goes_on_with_its_prompt_and_loses_nothing(browser, lau
     expect(page.locator("#status")).to_contain_text("Replay of", timeout=30_000)
     said = page.locator("#status").inner_text()
     assert "“" in said  # the replay shows its prompt
-    assert page.locator("#example-runs input").input_value().startswith("ptd")  # the first example: a PTD run
+    assert page.locator("#example-runs input").input_value().startswith("PTD: ")  # the first example, named in words
     expect(page.locator("#method input")).to_have_value("Progressive Tree Drafting (PTD)", timeout=10_000)
     expect(page.locator("#intro")).to_contain_text("Progressive Tree Drafting")  # the header follows the method
     page.locator("#history input[type=range]").fill("2")
@@ -84,6 +84,7 @@ def test_step_on_a_replay_goes_on_with_its_prompt_and_loses_nothing(browser, lau
     assert "empty" not in page.locator("#status").inner_text()
     expect(page.locator("#history")).to_contain_text("step 1 of 1", timeout=30_000)
     expect(page.locator("#example-runs input")).to_have_value("", timeout=10_000)  # the replay is closed
+    assert page.locator("#prompt textarea").input_value().strip()  # the prompt running live is in the box
     assert "Progressive Tree Drafting" in page.locator("#tree-plot").inner_text() or \
         "trie" in page.locator("#tree-plot").inner_text()  # the live run is the replay's method
     page.locator("#step").click()

@@ -51,3 +51,28 @@ def test_suffix_retrieval_runs_on_round_a_loop_past_the_end_of_the_context():
 
     chain, match = lookup_longest(torch.tensor([1, 2, 3, 4] * 10), 12)
     assert chain == [1, 2, 3, 4] * 3 and match == 32  # a loop of period 4: the copy goes on repeating it
+
+
+def test_a_retrieved_copy_stops_before_the_chat_template_and_keeps_an_end_of_turn():
+    from tr_core.decoders.recycling import until_control
+
+    control, eos = frozenset({1, 2, 9}), (2,)  # 1: <|im_start|>, 2: <|im_end|> (an end of turn), 9: another
+    assert until_control([5, 6, 1, 7, 8], control, eos) == [5, 6]  # never into the template's next turn
+    assert until_control([5, 6, 2, 1, 7], control, eos) == [5, 6, 2]  # up to the end of a turn
+    assert until_control([9, 5], control, eos) == []
+    assert until_control([5, 6, 7], control, eos) == [5, 6, 7]
+
+
+def test_no_draft_copies_the_chat_template_on_the_embedded_model(embedded_lm):
+    """The context holds the template (``<|im_start|>user`` …); a copy never drafts its control tokens."""
+    from tr_core import TokenRecyclingDecoder
+
+    control = set(embedded_lm.tokenizer.all_special_ids) - set(embedded_lm.eos_token_ids)
+    ids = embedded_lm.encode_prompt("Say hello.")  # short: the reply soon comes back to the template's words
+    dec = TokenRecyclingDecoder(embedded_lm, max_new_tokens=24)
+    dec.start(ids)
+    looked = []
+    while not dec.done:
+        step = dec.step()
+        looked += [t for t, src in zip(step.tree.tokens, step.tree.sources) if src == "lookup"]
+    assert not set(looked) & control

@@ -87,6 +87,7 @@ class TokenRecyclingDecoder(TreeDecoder):
             raise ValueError(f"retrieval must be one of {', '.join(RETRIEVALS)} (got {retrieval!r})")
         self.verified_rows, self.drop_blank, self.retrieve_context = verified_rows, drop_blank, RETRIEVALS[retrieval]
         self.pair_rows = pair_rows
+        self.control_ids = frozenset(getattr(lm.tokenizer, "all_special_ids", None) or ())  # the template's
         self.set_tree(tree)
 
     PAPER: ClassVar[dict] = {"lookup": 0, "drop_blank": False, "verified_rows": False,
@@ -291,6 +292,7 @@ class TokenRecyclingDecoder(TreeDecoder):
         Returns (the continuation, the node to hang its rest under, the rest not already drafted,
         the match's statistics key); an empty continuation where the context has none."""
         chain, match = self.retrieve_context(self.context_ids(), self.lookup)
+        chain = until_control(chain, self.control_ids, self.lm.eos_token_ids)
         if not chain:
             return [], 0, [], 0
         children = self.tree.children if len(kept) == self.tree.size + 1 else tree.children()
@@ -312,6 +314,16 @@ class TokenRecyclingDecoder(TreeDecoder):
                                    self.cache_length - tokens.shape[0])
         if new is not None:
             self.set_tree(new)
+
+
+def until_control(chain: list[int], control: frozenset, eos: tuple[int, ...]) -> list[int]:
+    """``chain`` up to its first control token (the chat template's ``<|im_start|>`` and the like, which a
+    reply never holds), an end of turn (``eos``) kept as its last: a copy runs up to the end of a turn,
+    never into the template's next one."""
+    for i, t in enumerate(chain):
+        if t in control:
+            return chain[:i + 1] if t in eos else chain[:i]
+    return chain
 
 
 def last_occurrences(tokens: torch.Tensor) -> torch.Tensor:
