@@ -162,3 +162,13 @@ def test_reset_narrowed_and_to_carry_the_pairs():
     assert narrow.pairs.lookup(L([1]), L([2]))[0].tolist() == [[3, 4]]  # a copy, not a view
     m.reset()
     assert m.pairs.written == 0 and narrow.pairs.written == 1
+
+
+def test_last_of_each_keeps_the_last_write_per_slot_as_the_pairwise_definition():
+    from tr_core.pairs import last_of_each
+
+    g = torch.Generator().manual_seed(0)
+    for n in (0, 1, 7, 300):
+        values = torch.randint(0, 20, (n,), generator=g)
+        slow = ~(values[:, None] == values[None, :]).triu(1).any(1) if n else torch.zeros(0, dtype=torch.bool)
+        assert last_of_each(values).tolist() == slow.tolist()

@@ -61,8 +61,7 @@ class PairRows:
         (the text's first token) and are skipped."""
         valid = before >= 0
         key, slot = self._locate(before[valid], token[valid])
-        later_twin = (slot[:, None] == slot[None, :]).triu(1).any(1)  # [n']
-        keep = ~later_twin
+        keep = last_of_each(slot)  # [n'] bool: O(n log n), however many pairs a file restores at once
         self.rows[slot[keep]] = top[valid][keep].to(torch.int32)
         self.keys[slot[keep]] = key[keep]
 
@@ -109,3 +108,15 @@ class PairRows:
         out = PairRows.__new__(PairRows)
         out.vocab_size, out.rows, out.keys = self.vocab_size, self.rows[:, :k].clone(), self.keys.clone()
         return out
+
+
+def last_of_each(values: torch.Tensor) -> torch.Tensor:
+    """``[n] bool``: True at the last occurrence of each value in ``values [n]`` (a stable sort groups
+    equal values in their order; the last of each group is kept)."""
+    order = torch.argsort(values, stable=True)
+    grouped = values[order]
+    last = torch.ones_like(grouped, dtype=torch.bool)
+    last[:-1] = grouped[1:] != grouped[:-1]
+    keep = torch.zeros_like(last)
+    keep[order[last]] = True
+    return keep
