@@ -35,7 +35,7 @@ INTROS = {  # the page's header, by method: it describes the method the Method b
     "tr": "<b>♻️ Token Recycling, step by step</b>: drafts a tree from the matrix <b>M</b> (each token's k likeliest "
           "next tokens, recycled from earlier forwards), checks it in one forward pass, races plain greedy decoding. ",
     "ptd": "<b>Progressive Tree Drafting, step by step</b>: a draft tree rides along in each forward pass and "
-           "grows a level a step from the model's own predictions; its paths become n-gram tries, and the trie of "
+           "grows by one level each step from the model's own predictions; its paths become n-gram tries, and the trie of "
            "the last token is checked in the same forward, racing plain greedy decoding (no matrix). "}
 INTRO = INTROS["tr"] + KEYS
 
@@ -180,7 +180,8 @@ def wire(demo: gr.Blocks, h: Handlers, session, ui: dict, cmp: dict, hub: ModelH
     buttons = [ui["step"], ui["play"], ui["run"], ui["stop"]]
     prepare = dict(fn=files.prepare, inputs=session, outputs=ui["save"])
     replay_boxes = [ui["method"], ui["example_run"], ui["prompt"]]
-    follow = dict(fn=h.replay_controls, inputs=session, outputs=replay_boxes)  # they follow a replay
+    follow = dict(fn=h.replay_controls, inputs=[session, ui["prompt"]], outputs=replay_boxes,
+                  show_progress="hidden", queue=False)  # they follow a replay, at once and quietly
 
     ui["step"].click(gpu["step"], step_in, views, api_name="do_step", **stepping).then(**prepare).then(**follow)
     ui["prompt"].submit(gpu["step"], step_in, views, **stepping).then(**prepare).then(**follow)
@@ -194,7 +195,7 @@ def wire(demo: gr.Blocks, h: Handlers, session, ui: dict, cmp: dict, hub: ModelH
                          **stepping).then(**prepare)
     gr.Button(visible=False).click(gpu["run"], step_in, views, api_name="do_run", **model)
     ui["stop"].click(h.stop, session, [ui["timer"], ui["run_timer"], *buttons])
-    ui["timer"].tick(gpu["tick"], step_in, views + play, **stepping).then(**prepare)
+    ui["timer"].tick(gpu["tick"], step_in, views + play, **stepping).then(**prepare).then(**follow)
     ui["play"].click(h.toggle_play, [ui["play"], ui["speed"], session], play)
     ui["speed"].change(lambda v: gr.Timer(value=1.0 / float(v)), ui["speed"], ui["timer"])
     # Reset queues with the steps: a step already running is drawn before it, never over it
@@ -207,7 +208,8 @@ def wire(demo: gr.Blocks, h: Handlers, session, ui: dict, cmp: dict, hub: ModelH
     ui["token_pick"].change(h.pick_token, [ui["token_pick"], session], views)
     ui["example"].input(lambda p: p or gr.skip(), ui["example"], ui["prompt"])
     ui["open"].upload(files.upload, [ui["open"], session], views).then(**prepare).then(
-        lambda sess: h.replay_controls(sess, opened_file=True), session, replay_boxes)
+        lambda sess, typed: h.replay_controls(sess, typed, opened_file=True), [session, ui["prompt"]], replay_boxes,
+        show_progress="hidden", queue=False)
     ui["example_run"].input(files.example, [ui["example_run"], session], views).then(**prepare).then(**follow)
     for field in settings_inputs:  # a change that must start a new run says so (the run shown stays)
         field.input(h.settings_changed, [session, ui["prompt"], *settings_inputs], ui["status"])

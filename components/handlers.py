@@ -242,12 +242,13 @@ class Handlers:
 
     # ---- no model work ----------------------------------------------------------------------
     @staticmethod
-    def replay_controls(sess: Session | None, opened_file: bool = False):
+    def replay_controls(sess: Session | None, typed: str = "", opened_file: bool = False):
         """(Method box, example-run box, prompt box) after a step or an opened run: the Method box shows a
         replay's method; the example-run box empties once no example is shown (``opened_file``: a file
-        took its place); the prompt box shows a replay's prompt once it runs live."""
+        took its place); the prompt box, while still empty (``typed``), shows a replay's prompt once it
+        runs live (never over what a visitor typed meanwhile)."""
         if sess is None or sess.replay is None:
-            borrowed = sess.borrowed_prompt if sess is not None else None
+            borrowed = sess.borrowed_prompt if sess is not None and not str(typed or "").strip() else None
             return gr.skip(), None, borrowed if borrowed is not None else gr.skip()
         label = next((k for k, v in METHODS.items() if v == sess.replay.method), None)
         return label or gr.skip(), None if opened_file else gr.skip(), gr.skip()

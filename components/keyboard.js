@@ -50,11 +50,12 @@
     }
     const shown = status.querySelector(".progress-text");
     const queued = /queue:\s*(\d+)\s*\//.exec(shown ? shown.textContent : "");
-    const text = queued ? `Waiting: another visitor's step is running: ${queued[1]} ahead of you. ` +
-      "Yours follows in turn; your panels stay as they are meanwhile." : "";
+    const text = queued ? `Waiting for the model: another visitor's work is running, ${queued[1]} ahead of you. ` +
+      "One visitor's step runs at a time; yours follows in turn, and your panels stay as they are." : "";
     if (note.textContent !== text) {
       note.textContent = text;
       if (text) (window.trWaitNotes = window.trWaitNotes || []).push(text);  // read by the browser tests
+      if (window.trWaitNotes && window.trWaitNotes.length > 50) window.trWaitNotes.shift();
     }
   };
   new MutationObserver(() => { hook(); waitNote(); }).observe(document.body, {childList: true, subtree: true, characterData: true});

@@ -34,8 +34,9 @@ def _with_frame(body: str, frame: int, step: Step | None) -> str:
     if step is not None and step.method == "tr":
         hit = hit_words(step) if frame in (0, 3, 4) else ""  # Teach mode: not before the accept frame
         if frame == 4:
-            hit = "<b>Last phase of this step:</b> Phase ▶ now runs the next step. " + hit
-        body += f'<div class="ph-note">{hit}{EARLY if _early(step) else LATER}</div>'
+            hit = "<b>Last phase of this step:</b> Phase ▶ goes on to the next step. " + hit
+        early = _early(step) and not step.accepted_drafts  # a step that hit is no longer "early"
+        body += f'<div class="ph-note">{hit}{EARLY if early else LATER}</div>'
     return f'<div class="phases-wrap" role="region" aria-label="What this step did">{body}</div>'
 
 

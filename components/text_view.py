@@ -23,7 +23,7 @@ def output_html(steps: list[Step], token_text, special: set[int] = frozenset(), 
     if prompt_ids:
         read = html.escape("".join(token_text(t) for t in prompt_ids))
         parts.append('<details class="model-reads"><summary>What the model reads before its reply: your prompt '
-                     'inside its chat template (prompt lookup can copy from any of it)</summary>'
+                     'inside its chat template (drafts copied from the context can come from its words)</summary>'
                      f'<pre>{read}</pre></details>')
     parts.append('<div class="gen-text" role="list">')
     pos = 0

@@ -107,9 +107,9 @@ def tree_figure(step: Step | None, token_text, title: str = "", frame: int = 0, 
     fig = blank_figure("", "tree")
     empty = step is not None and "empty" in (step.tree.sources or [])
     n = step.blank_drafts if step is not None else 0
-    left_out = (f"<br>∅ hollow leaf: the row of the node above it was never written, so<br>its {n} "
-                f"place{'s' * (n != 1)} would predict nothing: no forward, no children") \
-        if step is not None and step.blank_drafts and not empty else ""
+    left_out = (f"<br>∅ hollow leaf: under a node whose row was never written; the {n} place{'s' * (n != 1)}"
+                "<br>of the tree below such nodes would predict nothing: no forward, no children") \
+        if step is not None and step.blank_under and not empty else ""
     titled(fig, title or "Draft tree", FRAME_LEGEND.get(frame, LEGEND) + (EMPTY_LEGEND if empty else "") + left_out)
     if step is None:
         fig.add_annotation(text="Enter a prompt and press Step", showarrow=False, font_size=16)
@@ -163,8 +163,9 @@ def _blank_leaves(fig: go.Figure, step: Step, token_text, pos: dict, spot: dict)
         textposition="middle left", textfont=dict(size=12, color=EMPTY_COLOR),
         marker=dict(size=14, symbol="circle-open", color=EMPTY_COLOR, line_width=1.5),
         hovertext=[f"<b>∅ left out</b> under {visible(token_text(step.tree.tokens[i]), 30)}<br>its matrix row was "
-                   "never written, so its children would be blank drafts (the row's zeros, not predictions):<br>"
-                   "they get no forward tokens and no children" for i in under], hoverinfo="text"))
+                   "never written, so the tree's places below it would be blank drafts (the row's zeros, not "
+                   "predictions):<br>they are left out: no forward tokens, and nothing drafted under them"
+                   for i in under], hoverinfo="text"))
 
 
 def _frame_axes(fig: go.Figure, pos: dict, depths: list[int]) -> None:
@@ -258,7 +259,6 @@ def draft_figure(step: Step | None, token_text, title: str = "") -> go.Figure:
     """PTD's evolving draft tree after a step: kept nodes grey, new children green, pruned ones red."""
     fig = blank_figure("", "draft")
     titled(fig, title or "PTD's draft tree", DRAFT_LEGEND)
-    fig.update_layout(margin=dict(t=76))  # a two-line title (it fits a phone's width) and the legend's two lines
     d = step.draft_tree if step is not None else None
     if d is None or len(d.tokens) < 2:
         fig.add_annotation(text="Choose the PTD method to see its evolving draft tree" if d is None

@@ -63,11 +63,19 @@ def test_a_retrieved_copy_stops_before_the_chat_template_and_keeps_an_end_of_tur
     assert until_control([5, 6, 7], control, eos) == [5, 6, 7]
 
 
-def test_no_draft_copies_the_chat_template_on_the_embedded_model(embedded_lm):
+def test_no_draft_copies_the_chat_template_on_the_embedded_model(embedded_lm, monkeypatch):
     """The context holds the template (``<|im_start|>user`` …); a copy never drafts its control tokens."""
     from tr_core import TokenRecyclingDecoder
+    from tr_core.decoders import recycling
 
-    control = set(embedded_lm.tokenizer.all_special_ids) - set(embedded_lm.eos_token_ids)
+    control = recycling.control_tokens(embedded_lm.tokenizer) - set(embedded_lm.eos_token_ids)
+    assert {"<|im_start|>"} <= {embedded_lm.token_text(t) for t in control}
+    cuts, original = [], recycling.until_control
+    def recorded(chain, *args):
+        out = original(chain, *args)
+        cuts.append(len(out) < len(chain))
+        return out
+    monkeypatch.setattr(recycling, "until_control", recorded)
     ids = embedded_lm.encode_prompt("Say hello.")  # short: the reply soon comes back to the template's words
     dec = TokenRecyclingDecoder(embedded_lm, max_new_tokens=24)
     dec.start(ids)
@@ -75,4 +83,5 @@ def test_no_draft_copies_the_chat_template_on_the_embedded_model(embedded_lm):
     while not dec.done:
         step = dec.step()
         looked += [t for t, src in zip(step.tree.tokens, step.tree.sources) if src == "lookup"]
-    assert not set(looked) & control
+    assert any(cuts), "no copy ran into the template: this prompt proves nothing"
+    assert looked and not set(looked) & control

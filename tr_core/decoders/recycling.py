@@ -87,7 +87,7 @@ class TokenRecyclingDecoder(TreeDecoder):
             raise ValueError(f"retrieval must be one of {', '.join(RETRIEVALS)} (got {retrieval!r})")
         self.verified_rows, self.drop_blank, self.retrieve_context = verified_rows, drop_blank, RETRIEVALS[retrieval]
         self.pair_rows = pair_rows
-        self.control_ids = frozenset(getattr(lm.tokenizer, "all_special_ids", None) or ())  # the template's
+        self.control_ids = control_tokens(lm.tokenizer)  # where a retrieved copy stops
         self.set_tree(tree)
 
     PAPER: ClassVar[dict] = {"lookup": 0, "drop_blank": False, "verified_rows": False,
@@ -314,6 +314,14 @@ class TokenRecyclingDecoder(TreeDecoder):
                                    self.cache_length - tokens.shape[0])
         if new is not None:
             self.set_tree(new)
+
+
+def control_tokens(tokenizer) -> frozenset:
+    """The tokenizer's special tokens: its named ones and every added token marked special (a chat
+    template's ``<|start_header_id|>`` and the like); empty without a tokenizer."""
+    named = set(getattr(tokenizer, "all_special_ids", None) or ())
+    added = getattr(tokenizer, "added_tokens_decoder", None) or {}
+    return frozenset(named | {int(i) for i, t in added.items() if getattr(t, "special", False)})
 
 
 def until_control(chain: list[int], control: frozenset, eos: tuple[int, ...]) -> list[int]:
