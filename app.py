@@ -208,8 +208,8 @@ def wire(demo: gr.Blocks, h: Handlers, session, ui: dict, cmp: dict, hub: ModelH
     ui["token_pick"].change(h.pick_token, [ui["token_pick"], session], views)
     ui["example"].input(lambda p: p or gr.skip(), ui["example"], ui["prompt"])
     ui["open"].upload(files.upload, [ui["open"], session], views).then(**prepare).then(
-        lambda sess, typed: h.replay_controls(sess, typed, opened_file=True), [session, ui["prompt"]], replay_boxes,
-        show_progress="hidden", queue=False)
+        lambda sess, typed, said: h.replay_controls(sess, typed, opened_file=not str(said).startswith("⚠️")),
+        [session, ui["prompt"], ui["status"]], replay_boxes, show_progress="hidden", queue=False)  # a refused file: as it was
     ui["example_run"].input(files.example, [ui["example_run"], session], views).then(**prepare).then(**follow)
     for field in settings_inputs:  # a change that must start a new run says so (the run shown stays)
         field.input(h.settings_changed, [session, ui["prompt"], *settings_inputs], ui["status"])

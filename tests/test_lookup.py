@@ -54,7 +54,7 @@ def test_suffix_retrieval_runs_on_round_a_loop_past_the_end_of_the_context():
 
 
 def test_a_retrieved_copy_stops_before_the_chat_template_and_keeps_an_end_of_turn():
-    from tr_core.decoders.recycling import until_control
+    from tr_core.lookup import until_control
 
     control, eos = frozenset({1, 2, 9}), (2,)  # 1: <|im_start|>, 2: <|im_end|> (an end of turn), 9: another
     assert until_control([5, 6, 1, 7, 8], control, eos) == [5, 6]  # never into the template's next turn
@@ -67,8 +67,9 @@ def test_no_draft_copies_the_chat_template_on_the_embedded_model(embedded_lm, mo
     """The context holds the template (``<|im_start|>user`` …); a copy never drafts its control tokens."""
     from tr_core import TokenRecyclingDecoder
     from tr_core.decoders import recycling
+    from tr_core.lookup import control_tokens
 
-    control = recycling.control_tokens(embedded_lm.tokenizer) - set(embedded_lm.eos_token_ids)
+    control = control_tokens(embedded_lm.tokenizer) - set(embedded_lm.eos_token_ids)
     assert {"<|im_start|>"} <= {embedded_lm.token_text(t) for t in control}
     cuts, original = [], recycling.until_control
     def recorded(chain, *args):

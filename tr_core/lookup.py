@@ -5,7 +5,8 @@
   earlier occurrence (what ``pld`` runs);
 * ``lookup_longest``: retrieval over the whole context, the continuation of the longest suffix match
   (what Token Recycling grafts into its tree);
-* ``graft_point``: where a continuation joins a drafted tree.
+* ``graft_point``: where a continuation joins a drafted tree;
+* ``until_control``: a continuation cut before the chat template's control tokens (``control_tokens``).
 """
 from __future__ import annotations
 
@@ -83,3 +84,21 @@ def graft_point(tokens: list[int], children: list[list[int]], chain: list[int]) 
             return node, chain[i:]
         node = nxt
     return node, []
+
+
+def control_tokens(tokenizer) -> frozenset:
+    """The tokenizer's special tokens: its named ones and every added token marked special (a chat
+    template's ``<|start_header_id|>`` and the like); empty without a tokenizer."""
+    named = set(getattr(tokenizer, "all_special_ids", None) or ())
+    added = getattr(tokenizer, "added_tokens_decoder", None) or {}
+    return frozenset(named | {int(i) for i, t in added.items() if getattr(t, "special", False)})
+
+
+def until_control(chain: list[int], control: frozenset, eos: tuple[int, ...]) -> list[int]:
+    """``chain`` up to its first control token (the chat template's ``<|im_start|>`` and the like, which a
+    reply never holds), an end of turn (``eos``) kept as its last: a copy runs up to the end of a turn,
+    never into the template's next one."""
+    for i, t in enumerate(chain):
+        if t in control:
+            return chain[:i + 1] if t in eos else chain[:i]
+    return chain

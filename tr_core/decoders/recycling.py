@@ -18,7 +18,7 @@ from typing import ClassVar
 
 import torch
 
-from ..lookup import graft_point, lookup_longest, lookup_with_ngram, match_bucket
+from ..lookup import control_tokens, graft_point, lookup_longest, lookup_with_ngram, match_bucket, until_control
 from ..matrix import AdjacencyMatrix
 from ..models import LoadedModel
 from ..planner import TreePlanner, allocate
@@ -314,24 +314,6 @@ class TokenRecyclingDecoder(TreeDecoder):
                                    self.cache_length - tokens.shape[0])
         if new is not None:
             self.set_tree(new)
-
-
-def control_tokens(tokenizer) -> frozenset:
-    """The tokenizer's special tokens: its named ones and every added token marked special (a chat
-    template's ``<|start_header_id|>`` and the like); empty without a tokenizer."""
-    named = set(getattr(tokenizer, "all_special_ids", None) or ())
-    added = getattr(tokenizer, "added_tokens_decoder", None) or {}
-    return frozenset(named | {int(i) for i, t in added.items() if getattr(t, "special", False)})
-
-
-def until_control(chain: list[int], control: frozenset, eos: tuple[int, ...]) -> list[int]:
-    """``chain`` up to its first control token (the chat template's ``<|im_start|>`` and the like, which a
-    reply never holds), an end of turn (``eos``) kept as its last: a copy runs up to the end of a turn,
-    never into the template's next one."""
-    for i, t in enumerate(chain):
-        if t in control:
-            return chain[:i + 1] if t in eos else chain[:i]
-    return chain
 
 
 def last_occurrences(tokens: torch.Tensor) -> torch.Tensor:
