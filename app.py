@@ -35,8 +35,8 @@ INTROS = {  # the page's header, by method: it describes the method the Method b
     "tr": "<b>♻️ Token Recycling, step by step</b>: drafts a tree from the matrix <b>M</b> (each token's k likeliest "
           "next tokens, recycled from earlier forwards), checks it in one forward pass, races plain greedy decoding. ",
     "ptd": "<b>Progressive Tree Drafting, step by step</b>: a draft tree rides along in each forward pass and "
-           "grows by one level each step from the model's own predictions; its paths become n-gram tries, and the trie of "
-           "the last token is checked in the same forward, racing plain greedy decoding (no matrix). "}
+           "grows by one level each step from the model's own predictions; its paths become n-gram tries, and the "
+           "trie of the last token is checked in the same forward, racing plain greedy decoding (no matrix). "}
 INTRO = INTROS["tr"] + KEYS
 
 
@@ -207,9 +207,9 @@ def wire(demo: gr.Blocks, h: Handlers, session, ui: dict, cmp: dict, hub: ModelH
     ui["node_pick"].change(h.pick_node, [ui["node_pick"], session], views)
     ui["token_pick"].change(h.pick_token, [ui["token_pick"], session], views)
     ui["example"].input(lambda p: p or gr.skip(), ui["example"], ui["prompt"])
-    ui["open"].upload(files.upload, [ui["open"], session], views).then(**prepare).then(
+    ui["open"].upload(files.upload, [ui["open"], session], views).then(**prepare).then(  # a refused file: as it was
         lambda sess, typed, said: h.replay_controls(sess, typed, opened_file=not str(said).startswith("⚠️")),
-        [session, ui["prompt"], ui["status"]], replay_boxes, show_progress="hidden", queue=False)  # a refused file: as it was
+        [session, ui["prompt"], ui["status"]], replay_boxes, show_progress="hidden", queue=False)
     ui["example_run"].input(files.example, [ui["example_run"], session], views).then(**prepare).then(**follow)
     for field in settings_inputs:  # a change that must start a new run says so (the run shown stays)
         field.input(h.settings_changed, [session, ui["prompt"], *settings_inputs], ui["status"])

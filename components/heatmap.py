@@ -12,10 +12,10 @@ MAX_ROWS = 20
 # 0 = same token at the same rank, 1 = moved from another rank, 2 = new to the row, 3 = empty (never written)
 SCALE = [[0.0, "#eef1f4"], [0.24, "#eef1f4"], [0.25, "#ffe08a"], [0.49, "#ffe08a"], [0.5, "#f08a4b"],
          [0.74, "#f08a4b"], [0.75, "#ffffff"], [1.0, "#ffffff"]]
-ROWS = "each row: a token (·its id) and its k likeliest next tokens<br>▶ on the accepted path · "
+ROWS = "each row: a token (·id) and its k likeliest next tokens<br>▶ on the accepted path · "  # lines for a phone
 AFTER = (f"{ROWS}shown <b>after</b> this step's writes<br>against the row before: <span style='color:#999'>"
-         "■</span> unchanged <span style='color:#e0b000'>■</span> moved <span style='color:#f08a4b'>"
-         "■</span> new · ∅ never written")
+         "■</span> unchanged <span style='color:#e0b000'>■</span> other rank <span style='color:#f08a4b'>"
+         "■</span> new<br>∅ never written")
 BEFORE = f"{ROWS}shown <b>before</b> this step's writes<br>what the drafts were read from · ∅ never written"
 EMPTY_START = "Each step writes the rows of every token<br>it ran through the model (the recycling)."
 
@@ -25,7 +25,7 @@ def heatmap_figure(step: Step | None, token_text, frame: int = 0, picked: list[i
     tokens to outline (the row a clicked node was drafted from and the row it wrote)."""
     fig = go.Figure()
     before = frame in (1, 2, 3)
-    fig.update_layout(margin=dict(l=6, r=6, t=88, b=4), height=HEIGHT, plot_bgcolor="white")
+    fig.update_layout(margin=dict(l=6, r=6, t=102, b=4), height=HEIGHT, plot_bgcolor="white")  # title, legend, ranks
     if step is not None and step.method != "tr":  # no TR words under another method
         titled(fig, "No matrix for this method", "Token Recycling's matrix M is shown when TR is the method")
     else:

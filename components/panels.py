@@ -61,7 +61,7 @@ def tree_title(view: RunView, n: int) -> str:
     if tree[:1] in ("[", "{") or len(tree) > 24:
         tree = "your tree"  # JSON text: the nodes are in the plot
     parts = f"{step.tree.size - looked} from the matrix" + (f" + {looked} from prompt lookup" if looked else "")
-    return f"Step {n}: the draft tree{f' ({tree})' if tree else ''}, {parts}"
+    return f"Step {n}: the draft tree{f' ({tree})' if tree else ''},<br>{parts}"  # two lines: a phone's width
 
 
 def picked_rows(step, picked: int | None) -> list[int]:

@@ -61,16 +61,17 @@ def edge_trace(edges, color: str, width: float, dash: str | None = None) -> go.S
     return go.Scatter(x=xs, y=ys, mode="lines", hoverinfo="skip", line=dict(color=color, width=width, dash=dash))
 
 
-LEGEND = ("<span style='color:#1f4e99'>●</span> root = last token · <span style='color:#2e9d4f'>●</span> accepted draft "
-          "· <span style='color:#9aa1a9'>●</span> rejected draft<br><span style='color:#8e44ad'>●</span> from prompt "
-          "lookup: copied from what followed the same words earlier<br><span style='color:#e0a100'>★</span> the token "
-          "the model added itself · click a node")
-EMPTY_LEGEND = "<br>∅ hollow: drafted from an empty row (never written): it predicts nothing"
+# legend lines of at most about 55 characters: they fit a phone's width (390 px)
+LEGEND = ("<span style='color:#1f4e99'>●</span> root = last token · <span style='color:#2e9d4f'>●</span> accepted "
+          "draft · <span style='color:#9aa1a9'>●</span> rejected<br><span style='color:#8e44ad'>●</span> prompt "
+          "lookup: copied from earlier in the text<br><span style='color:#e0a100'>★</span> the token the model "
+          "added itself · click a node")
+EMPTY_LEGEND = "<br>∅ hollow: drafted from a row never written:<br>it predicts nothing"
 FRAME_LEGEND = {1: "Phase 1, retrieve: the drafts read out of the matrix, row by row<br>"
                    "<span style='color:#6c8ebf'>●</span> a draft (verdict at phase 2)",
                 2: "Phase 2, verify: one forward checks every node<br><span style='color:#2e9d4f'>●</span> the "
-                   "model chose this token after its parent · <span style='color:#d0455b'>✕</span> it chose another"
-                   "<br><span style='color:#c9ced4'>●</span> faded: below a ✕, so its verdict cannot count",
+                   "model chose this token after its parent<br><span style='color:#d0455b'>✕</span> it chose "
+                   "another · <span style='color:#c9ced4'>●</span> faded: below a ✕, no verdict",
                 3: LEGEND, 4: LEGEND}
 DRAFT = "#6c8ebf"
 EMPTY_COLOR = "#444"  # a draft from a row never written (∅: the paper's full shape keeps them)
@@ -107,8 +108,8 @@ def tree_figure(step: Step | None, token_text, title: str = "", frame: int = 0, 
     fig = blank_figure("", "tree")
     empty = step is not None and "empty" in (step.tree.sources or [])
     n = step.blank_drafts if step is not None else 0
-    left_out = (f"<br>∅ hollow leaf: under a node whose row was never written; the {n} place{'s' * (n != 1)}"
-                "<br>of the tree below such nodes would predict nothing: no forward, no children") \
+    left_out = (f"<br>∅ hollow leaf: under a node whose row was never written,<br>the {n} place{'s' * (n != 1)} "
+                "below would predict nothing: they are left out<br>of the forward pass, so nothing hangs there") \
         if step is not None and step.blank_under and not empty else ""
     titled(fig, title or "Draft tree", FRAME_LEGEND.get(frame, LEGEND) + (EMPTY_LEGEND if empty else "") + left_out)
     if step is None:
@@ -127,7 +128,7 @@ def tree_figure(step: Step | None, token_text, title: str = "", frame: int = 0, 
             if kinds[parents[i]] in ("miss", "moot"):
                 kinds[i] = "moot"
     spots = _blank_spots(step, pos)
-    _frame_axes(fig, {**pos, **{-1 - i: xy for i, xy in spots.items()}}, depths)
+    _frame_axes(fig, [*pos.values(), *spots.values()], depths)  # the ∅ leaves inside the plot too
     show_path = frame in (0, 3, 4)
     rejected_edges = [(pos[p], pos[i]) for i, p in enumerate(parents) if p >= 0 and (i not in accepted or not show_path)]
     fig.add_trace(edge_trace(rejected_edges, "#dde1e6", 1))
@@ -159,8 +160,7 @@ def _blank_leaves(fig: go.Figure, step: Step, token_text, pos: dict, spot: dict)
     fig.add_trace(edge_trace([(pos[i], spot[i]) for i in under], EMPTY_COLOR, 1, "dot"))
     fig.add_trace(go.Scatter(
         name="left out", x=[spot[i][0] for i in under], y=[spot[i][1] for i in under], mode="markers+text",
-        text=["∅"] * len(under),
-        textposition="middle left", textfont=dict(size=12, color=EMPTY_COLOR),
+        text=["∅"] * len(under), textposition="middle left", textfont=dict(size=12, color=EMPTY_COLOR),
         marker=dict(size=14, symbol="circle-open", color=EMPTY_COLOR, line_width=1.5),
         hovertext=[f"<b>∅ left out</b> under {visible(token_text(step.tree.tokens[i]), 30)}<br>its matrix row was "
                    "never written, so the tree's places below it would be blank drafts (the row's zeros, not "
@@ -168,9 +168,9 @@ def _blank_leaves(fig: go.Figure, step: Step, token_text, pos: dict, spot: dict)
                    for i in under], hoverinfo="text"))
 
 
-def _frame_axes(fig: go.Figure, pos: dict, depths: list[int]) -> None:
-    """Room for every label and the bonus star; at least three rows tall, so a tiny tree stays compact."""
-    xs = [x for x, _ in pos.values()]
+def _frame_axes(fig: go.Figure, points: list[tuple[float, float]], depths: list[int]) -> None:
+    """Room for every point's label and the bonus star; at least three rows tall, so a tiny tree stays compact."""
+    xs = [x for x, _ in points]
     mid, half = (max(xs) + min(xs)) / 2, max((max(xs) - min(xs)) / 2 + 0.12, 0.6)
     deepest = max(depths) if depths else 0
     fig.update_xaxes(range=[mid - half, mid + half + 0.2])  # + the bonus star and its label, right of a node
@@ -265,7 +265,7 @@ def draft_figure(step: Step | None, token_text, title: str = "") -> go.Figure:
                            else "The draft tree is empty", showarrow=False, font_size=14)
         return fig
     pos = tree_layout(list(d.parents), list(d.depths))
-    _frame_axes(fig, pos, list(d.depths))
+    _frame_axes(fig, list(pos.values()), list(d.depths))
     fig.add_trace(edge_trace([(pos[p], pos[i]) for i, p in enumerate(d.parents) if p >= 0], "#dde1e6", 1))
     fates = list(d.sources)
     words = {"root": "the step's root: first-level branches sit at its position",

@@ -47,12 +47,13 @@ def test_browser_steps_draw_tree_heatmap_and_counters(launched, tmp_path):  # no
             expect(page.locator("#tree-plot")).not_to_have_text(tree_before, timeout=30_000)
             expect(page.locator("#tree-plot")).to_contain_text("Step 4:", timeout=30_000)
             assert "identical to greedy" in page.locator("#counters").inner_text()
-            title = re.search(r"Step (\d+): the draft tree.*?, (\d+) from the matrix(?: \+ (\d+) from prompt lookup)?",
-                              page.locator("#tree-plot").inner_text())
+            title = re.search(r"Step (\d+): the draft tree.*?,\s*(\d+) from the matrix(?: \+ (\d+) from prompt lookup)?",
+                              page.locator("#tree-plot").inner_text(), re.S)
             assert title and title.group(1) == "4"
             drafted = int(title.group(2)) + int(title.group(3) or 0)
-            # every drafted node, the root and the bonus token are drawn as points
-            assert page.locator("#tree-plot .js-plotly-plot .point").count() == drafted + 2
+            # every drafted node, the root and the bonus token are drawn as points (besides any ∅ leaves)
+            left_out = page.locator("#tree-plot .js-plotly-plot .textpoint").filter(has_text="∅").count()
+            assert page.locator("#tree-plot .js-plotly-plot .point").count() == drafted + 2 + left_out
             assert page.locator("#matrix-heatmap .js-plotly-plot").inner_text().strip()
             assert page.locator("#output-text .tok").count() >= 4, page.locator("#output-text").inner_html()[:3000]
             # Play steps on Gradio's timer until paused
