@@ -8,8 +8,9 @@ from tr_core.trace import Step
 from .tokens import visible
 
 
-LATER = ("A step can cost more than greedy's when its drafts miss: every draft token costs forward time (more "
-         "on a CPU). Where drafts keep missing, the planner shrinks the tree, down to none.")
+LATER = ("Early steps, and steps whose drafts miss, can cost more than greedy's: every draft token costs forward "
+         "time (more on a CPU). Where drafts keep missing, the planner shrinks the tree.")
+MISSED = "A step whose drafts miss costs more than greedy's: every draft token costs forward time."
 EARLY = ("Early steps: a third or more of this tree would come from rows never written (∅), so few drafts "
          "can hit yet, and every draft token costs forward time (big trees cost more on a CPU): early steps "
          "can be slower than greedy.")
@@ -18,8 +19,8 @@ EARLY = ("Early steps: a third or more of this tree would come from rows never w
 def hit_words(step: Step) -> str:
     """A step whose drafts hit, in words: what it committed for its one forward pass."""
     n = len(step.committed)
-    return (f"<b>This step's drafts hit:</b> {n} tokens for one forward pass, where greedy needs {n} forward "
-            "passes. " if step.accepted_drafts else "")
+    return (f"<b>This step's drafts hit:</b> {n} tokens for one forward pass, where greedy needs {n}. "
+            if step.accepted_drafts else "")
 
 
 def phase_html(step: Step | None, token_text, frame: int = 0) -> str:
@@ -33,10 +34,9 @@ def _with_frame(body: str, frame: int, step: Step | None) -> str:
                             f'<div class="ph-cell ph-now"><span class="ph">{frame}.')
     if step is not None and step.method == "tr":
         hit = hit_words(step) if frame in (0, 3, 4) else ""  # Teach mode: not before the accept frame
-        if frame == 4:
-            hit = "<b>Last phase of this step:</b> Phase ▶ goes on to the next step. " + hit
-        early = _early(step) and not step.accepted_drafts  # a step that hit is no longer "early"
-        body += f'<div class="ph-note">{hit}{EARLY if early else LATER}</div>'
+        why = MISSED if hit else EARLY if _early(step) else LATER  # a hit: no "early" words, one line in all
+        last = "<b>Last phase of this step:</b> Phase ▶ goes on to the next step. " if frame == 4 else ""
+        body += f'<div class="ph-note">{last}{hit}{why}</div>'
     return f'<div class="phases-wrap" role="region" aria-label="What this step did">{body}</div>'
 
 

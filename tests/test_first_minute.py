@@ -205,3 +205,19 @@ def test_the_warm_command_decodes_calibration_prompts_only_and_records_how(tmp_p
     few.write_text("\n".join(json.dumps(r) for r in rows[:10]))
     assert warm(["--prompts", str(few), "--model", str(folder), "--out", str(tmp_path / "x.safetensors")]) == 2
     assert not (tmp_path / "x.safetensors").exists()
+
+
+def test_the_phase_note_says_when_drafts_hit_and_why_a_step_can_be_slower(hub):  # noqa: F811
+    """A step whose drafts hit says what it committed for one forward; every step says why a step can cost
+    more than greedy's (the screenshot's question 5); Teach mode tells no hit before the accept frame."""
+    from components.phase_strip import phase_html
+
+    sess = page_session()
+    sess.step(hub, PROMPT, settings(hot_start=True), cap=256)  # step 1: its first drafts are exact
+    step = sess.race.decoder.steps[0]
+    assert step.accepted_drafts >= 1
+    note = phase_html(step, hub.get(None).token_text)
+    assert f"drafts hit:</b> {len(step.committed)} tokens for one forward pass" in note
+    assert "costs forward time" in note and "Early steps" not in note
+    assert "drafts hit" not in phase_html(step, hub.get(None).token_text, frame=1)
+    assert "goes on to the next step" in phase_html(step, hub.get(None).token_text, frame=4)
