@@ -112,15 +112,15 @@ def warm_up(hub, progress, curve_on_gpu=None) -> str:
         with_progress(lambda: warm_kernels(lm),
                       lambda t: progress((1, 3), desc=f"Step 2 of 3: first forwards of 1-96 tokens ({t:.0f} s)"))
     if cached:
-        how = "the draft tree's size is planned from how long the model took on this machine (timed earlier)"
+        timed = "timed earlier"
     else:
         measure = (lambda: setattr(lm, "cost_curve", curve_on_gpu())) if curve_on_gpu else (lambda: cost_curve_for(lm))
         with_progress(measure, lambda t: progress((2, 3), desc=f"Step 3 of 3: timing forwards of 1-96 tokens for "
                                                                f"the auto tree, once per model and device ({t:.0f} s so far)"))
         save_curve(lm)
         lm.kernels_warm = not curve_on_gpu  # the curve's forwards ran every size here
-        how = ("the draft tree's size is planned from how long the model took on this machine (timed just now, "
-               "kept for restarts)")
+        timed = "timed just now, kept for restarts"
+    how = f"the draft tree's size is planned from how long the model took on this machine ({timed})"
     progress((3, 3), desc="Ready")
     why = f"; {lm.dtype_reason}" if lm.dtype_reason and not lm.dtype_reason.startswith("float32: the default") else ""
     return (f"Ready: {lm.name} on {describe_device(lm)} ({precision_words(lm.dtype)}{why}; your prompt goes "
