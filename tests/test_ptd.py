@@ -1,4 +1,5 @@
 """Progressive Tree Drafting: the draft tree's growth rules by hand, then the decoder on the tiny model."""
+import numpy as np
 import torch
 
 from tr_core.decoders import ProgressiveTreeDecoder
@@ -198,17 +199,27 @@ def test_cost_aware_ptd_is_lossless_and_paper_settings_stay_available(tiny_lm):
     assert sum(s.accepted_drafts for d in decoders for s in d.steps) > 0
 
 
-def test_cost_aware_ptd_follows_the_cost_within_a_prompt_and_forgets_after_reset(tiny_lm):
+def test_cost_aware_ptd_follows_the_cost_within_a_prompt_and_forgets_after_reset(tiny_lm, monkeypatch):
     from tr_core.planner import CostCurve
     from tr_core.ptd import PTDPlanner
 
     planner = PTDPlanner(CostCurve([1, 101], [1.0, 1.3]), max_nodes=48)
     dec = ProgressiveTreeDecoder(tiny_lm, 30, PTDConfig(cost_aware=True), planner=planner)
     assert dec.config.max_nodes == 48
+    prior = planner.cost.coef.copy()
+    sizes, plan = [], planner.plan
+
+    def planned(*args, **kwargs):
+        keep, size = plan(*args, **kwargs)
+        sizes.append(size)
+        return keep, size
+
+    monkeypatch.setattr(planner, "plan", planned)
     dec.start(PROMPTS[0])
     for _ in range(8):
         dec.step()
-    assert dec.config.max_nodes == planner.draft_budget()  # refitted on the forwards just seen
+    assert len(sizes) == 8 and dec.config.max_nodes == sizes[-1]  # each step sized by the planner ...
+    assert not np.allclose(planner.cost.coef, prior)  # ... refitted on the forwards just seen
     assert planner.rates.trials  # what the steps saw is counted ...
     planner.cost = CostCurve([1, 101], [1.0, 201.0])  # the machine got busy: every token now costs two forwards
     step = dec.step()
