@@ -60,6 +60,8 @@ class Handlers:
 
     # ---- sessions ---------------------------------------------------------------------------
     def session(self, sess: Session | None, request: gr.Request | None) -> Session:
+        """The tab's session, made here on its first event, whichever that is (a Step, Teach mode, a
+        slider move): its own copy of the shipped matrix, or the server's file."""
         if sess is not None:
             return sess
         sess = Session(start_file=self.matrix_path, warm_file=str(SHIPPED_MATRIX))
@@ -253,8 +255,8 @@ class Handlers:
         label = next((k for k, v in METHODS.items() if v == sess.replay.method), None)
         return label or gr.skip(), None if opened_file else gr.skip(), gr.skip()
 
-    def prev_frame(self, sess: Session | None):
-        sess = sess or Session()
+    def prev_frame(self, sess: Session | None, request: gr.Request = None):
+        sess = self.session(sess, request)
         view = sess.view()
         if view is None:
             return self.render(sess)
@@ -288,23 +290,23 @@ class Handlers:
         sess.reset()
         return (*self.render(sess, "Reset."), gr.Timer(active=False), gr.Timer(active=False), *ui_running(False))
 
-    def history(self, n, sess: Session | None):
-        sess = sess or Session()
+    def history(self, n, sess: Session | None, request: gr.Request = None):
+        sess = self.session(sess, request)
         sess.shown, sess.picked = int(n or 1), None
         return self.render(sess, slider_value=False)
 
-    def pick_node(self, value: str, sess: Session | None):
+    def pick_node(self, value: str, sess: Session | None, request: gr.Request = None):
         """A tree node clicked (its index): its matrix rows are outlined and listed first."""
-        sess = sess or Session()
+        sess = self.session(sess, request)
         try:
             sess.picked = int(str(value).split(":")[0])
         except ValueError:
             sess.picked = None
         return self.render(sess)
 
-    def pick_token(self, value: str, sess: Session | None):
+    def pick_token(self, value: str, sess: Session | None, request: gr.Request = None):
         """A token clicked in the text (its output position): the history moves to its step."""
-        sess = sess or Session()
+        sess = self.session(sess, request)
         view = sess.view()
         try:
             position = int(str(value).split(":")[0])
@@ -355,8 +357,9 @@ class Handlers:
             "the new settings"
         return f"Settings changed: the next Step starts a new run from step 1, with {what}. The run shown stays until then."
 
-    def teach_toggled(self, teach: bool, sess: Session | None):
-        sess = sess or Session()
+    def teach_toggled(self, teach: bool, sess: Session | None, request: gr.Request = None):
+        """Teach mode on or off; a tab's first event may be this one: its session is made as every other's."""
+        sess = self.session(sess, request)
         sess.frame = 1 if teach and sess.view() is not None else 0
         return self.render(sess)
 

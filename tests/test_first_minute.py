@@ -148,6 +148,20 @@ def test_a_settings_change_says_the_next_step_starts_a_new_run(hub):  # noqa: F8
     assert sess.race.decoder.steps  # the run shown stays until then
 
 
+@pytest.mark.parametrize("first", ["teach", "history", "prev_frame", "pick_node", "pick_token"])
+def test_a_tab_whose_first_event_draws_nothing_still_starts_hot(hub, first):  # noqa: F811
+    """A visitor who ticks Teach mode (or moves the slider, clicks a node...) before the first Step gets
+    the same tab as one who steps first: its own copy of the shipped matrix, not an empty one."""
+    h = Handlers(hub, 256)
+    first_event = {"teach": lambda: h.teach_toggled(True, None), "history": lambda: h.history(1, None),
+                   "prev_frame": lambda: h.prev_frame(None), "pick_node": lambda: h.pick_node("1:0", None),
+                   "pick_token": lambda: h.pick_token("0:1", None)}[first]
+    sess = first_event()[0]
+    out = h.step(None, PROMPT, "embedded", "auto", 8, 12, True, True, "Token Recycling (TR)", 0, 1, 0, "hot",
+                 True, sess)
+    assert out[0] is sess and "warmed on" in sess.header["matrix_start"] and sess.frame == 1
+
+
 def test_step_on_a_replay_goes_on_with_its_prompt_and_the_status_speaks_of_the_replay(hub):  # noqa: F811
     h = Handlers(hub, 256)
     sess = Session()
@@ -221,3 +235,19 @@ def test_the_phase_note_says_when_drafts_hit_and_why_a_step_can_be_slower(hub): 
     assert "costs forward time" in note and "Early steps" not in note
     assert "drafts hit" not in phase_html(step, hub.get(None).token_text, frame=1)
     assert "goes on to the next step" in phase_html(step, hub.get(None).token_text, frame=4)
+
+
+def test_the_first_minute_command_reads_the_counters_of_a_fresh_tab(hub, capsys):  # noqa: F811
+    from components.first_minute import FirstSteps, first_steps, main, summary
+
+    sess, figures = first_steps(hub, PROMPT, 3, "hot", str(SHIPPED_MATRIX))
+    dec = sess.race.decoder
+    assert len(dec.steps) == 3 and "warmed on" in sess.header["matrix_start"]  # a fresh tab, hot, as the page
+    assert dec.planner is not None and dec.lookup > 0  # the page's defaults: the auto tree, prompt lookup
+    assert figures["tr"]["mat"] == pytest.approx(len(dec.output) / 3) and figures["tr"]["mat"] > 1.0
+    assert figures["speedup"] == sess.race.speedups[-1]
+    lines = summary([FirstSteps("1", "stem", 5, 2.0, 1.2), FirstSteps("2", "stem", 5, 1.4, 1.1),
+                     FirstSteps("3", "writing", 5, 1.6, 0.9)])
+    assert lines[0].startswith("stem") and " 1 of 2 " in lines[0] and " 0 of 1 " in lines[1]
+    assert main(["--categories", "no_such_category"]) == 2
+    assert "no prompts" in capsys.readouterr().err
