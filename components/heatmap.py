@@ -9,14 +9,15 @@ from .tokens import visible
 from .tree_plot import HEIGHT, titled
 
 MAX_ROWS = 20
+CELL_CHARS = 6  # a cell's token, shortened to fit a phone's 8 columns (its hover has it whole)
 # 0 = same token at the same rank, 1 = moved from another rank, 2 = new to the row, 3 = empty (never written)
 SCALE = [[0.0, "#eef1f4"], [0.24, "#eef1f4"], [0.25, "#ffe08a"], [0.49, "#ffe08a"], [0.5, "#f08a4b"],
          [0.74, "#f08a4b"], [0.75, "#ffffff"], [1.0, "#ffffff"]]
 ROWS = "each row: a token (·id) and its k likeliest next tokens<br>▶ on the accepted path · "  # lines for a phone
 AFTER = (f"{ROWS}shown <b>after</b> this step's writes<br>against the row before: <span style='color:#999'>"
          "■</span> unchanged <span style='color:#e0b000'>■</span> other rank <span style='color:#f08a4b'>"
-         "■</span> new<br>∅ never written")
-BEFORE = f"{ROWS}shown <b>before</b> this step's writes<br>what the drafts were read from · ∅ never written"
+         "■</span> new<br>∅ never written · ␣ a space")
+BEFORE = f"{ROWS}shown <b>before</b> this step's writes<br>what the drafts were read from<br>∅ never written · ␣ a space"
 EMPTY_START = "Each step writes the rows of every token<br>it ran through the model (the recycling)."
 
 
@@ -81,13 +82,13 @@ def _row_cells(r: RowUpdate, token_text, before: bool):
     empty_before = not any(r.old)
     zr, tr_, hr = [], [], []
     for j, (o, n) in enumerate(zip(r.old, r.new)):
-        old_text = "∅" if empty_before else visible(token_text(o), 8)
+        old_text = "∅" if empty_before else visible(token_text(o), CELL_CHARS)
         if before:
             zr.append(3 if empty_before else 0)
             tr_.append(old_text)
         else:
             zr.append(2 if empty_before else (0 if o == n else (1 if n in r.old else 2)))
-            tr_.append(visible(token_text(n), 8))
+            tr_.append(visible(token_text(n), CELL_CHARS))
         was = "∅ (never written)" if empty_before else f"{visible(token_text(o), 20)} ({o})"
         hr.append(f"row {visible(token_text(r.token), 20)} (id {r.token}), rank {j}<br>"
                   f"{was} → {visible(token_text(n), 20)} ({n})")

@@ -10,7 +10,7 @@ from .tokens import visible
 
 LATER = ("Early steps, and steps whose drafts miss, can cost more than greedy's: every draft token costs forward "
          "time (more on a CPU). Where drafts keep missing, the planner shrinks the tree.")
-MISSED = "A step whose drafts miss costs more than greedy's: every draft token costs forward time."
+MISSED = "Steps that miss, most often early ones, cost more than greedy's: draft tokens cost forward time."
 EARLY = ("Early steps: a third or more of this tree would come from rows never written (∅), so few drafts "
          "can hit yet, and every draft token costs forward time (big trees cost more on a CPU): early steps "
          "can be slower than greedy.")
@@ -19,7 +19,7 @@ EARLY = ("Early steps: a third or more of this tree would come from rows never w
 def hit_words(step: Step) -> str:
     """A step whose drafts hit, in words: what it committed for its one forward pass."""
     n = len(step.committed)
-    return (f"<b>This step's drafts hit:</b> {n} tokens for one forward pass, where greedy needs {n}. "
+    return (f"<b>This step's drafts hit:</b> {n} tokens from one forward pass, where greedy needs {n} passes. "
             if step.accepted_drafts else "")
 
 
