@@ -18,7 +18,7 @@ from components.handlers import Handlers, gpu_wrapped, ui_running
 from components.model_hub import ModelHub
 from components.recorded import Recorder, load_at_start_up
 from components.run_files import RunFiles, example_choices
-from components.session import COLD, METHODS
+from components.session import COLD, METHODS, PAGE_TOKENS
 from components.startup import warm_up
 from components.zerogpu import gpu_task
 from tr_core.decoders.recycling import DEFAULT_LOOKUP, DEFAULT_TREE
@@ -45,7 +45,7 @@ def intro_for(method_label: str) -> str:
     return INTROS.get(METHODS.get(method_label, "tr"), INTROS["tr"]) + KEYS
 
 
-def build_app(hub: ModelHub, cap: int = 256, default_tokens: int = 96, matrix_path: str | None = None,
+def build_app(hub: ModelHub, cap: int = 256, default_tokens: int = PAGE_TOKENS, matrix_path: str | None = None,
               on_session_end=None) -> gr.Blocks:
     """``matrix_path``: a hot-start matrix file shared on purpose (each session starts from its own copy;
     "Save matrix" writes it back).  ``on_session_end(session)`` is called after a session is freed."""

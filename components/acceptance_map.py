@@ -11,10 +11,10 @@ from tr_core.trace import Step
 
 from .tree_plot import blank_figure, edge_trace, titled, tree_layout
 
-LEGEND = ("colour = accepted ÷ drafted (white 0% → green 100%) · size = how often drafted<br>"
-          "the auto tree keeps the nodes that pay for their forward cost · hover: the rank path")
-PTD_LEGEND = ("colour = accepted ÷ drafted (white 0% → green 100%) · size = how often drafted<br>"
-              "a node: a place in PTD's candidate tries (rank among siblings) · hover: the path")
+LEGEND = ("colour = accepted ÷ drafted (white 0% → green 100%)<br>size = how often drafted · hover: the rank path<br>"
+          "the auto tree keeps the nodes that pay for their cost")
+PTD_LEGEND = ("colour = accepted ÷ drafted (white 0% → green 100%)<br>size = how often drafted · hover: the path<br>"
+              "a node: a place in PTD's tries (rank among siblings)")
 
 
 def acceptance_counts(steps: list[Step]) -> dict[tuple[int, ...], list[int]]:
@@ -40,7 +40,7 @@ def acceptance_figure(steps: list[Step], upto: int) -> go.Figure:
     fig = blank_figure("", "acceptance")
     counts = acceptance_counts(steps[:upto])
     ptd = bool(steps) and steps[0].method == "ptd"
-    titled(fig, f"Acceptance map, steps 1–{upto}: how often each node was accepted",
+    titled(fig, f"Acceptance map, steps 1–{upto}:<br>how often each node was accepted",
            PTD_LEGEND if ptd else LEGEND)
     if not counts:
         fig.add_annotation(text="No tree steps yet (greedy and prompt lookup draft no matrix tree)",

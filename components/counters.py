@@ -49,8 +49,8 @@ def counters_html(fig: dict | None, method_label: str = "Token Recycling", sampl
 
 
 def charts_figure(accepted_lengths: list[int], speedups: list[float], max_len: int = 7) -> go.Figure:
-    """How many steps committed 1, 2, ... tokens (up to ``max_len``, the most one step can), and the
-    speedup after each step."""
+    """How many steps committed 1, 2, ... tokens, and the speedup after each step.  The bars run to one
+    past the longest step seen (at least 7), never past ``max_len``, the most one step can commit."""
     fig = make_subplots(rows=1, cols=2, subplot_titles=("tokens committed per step", "speedup over steps"),
                         horizontal_spacing=0.14)
     max_len = min(max_len, max(7, max(accepted_lengths, default=0) + 1))  # up to the longest seen, not all possible

@@ -14,10 +14,10 @@ CELL_CHARS = 6  # a cell's token, shortened to fit a phone's 8 columns (its hove
 SCALE = [[0.0, "#eef1f4"], [0.24, "#eef1f4"], [0.25, "#ffe08a"], [0.49, "#ffe08a"], [0.5, "#f08a4b"],
          [0.74, "#f08a4b"], [0.75, "#ffffff"], [1.0, "#ffffff"]]
 ROWS = "each row: a token (·id) and its k likeliest next tokens<br>▶ on the accepted path · "  # lines for a phone
-AFTER = (f"{ROWS}shown <b>after</b> this step's writes<br>against the row before: <span style='color:#999'>"
+AFTER = (f"{ROWS}<b>after</b> this step's writes<br>against the row before: <span style='color:#999'>"
          "■</span> unchanged <span style='color:#e0b000'>■</span> other rank <span style='color:#f08a4b'>"
-         "■</span> new<br>∅ never written · ␣ a space")
-BEFORE = f"{ROWS}shown <b>before</b> this step's writes<br>what the drafts were read from<br>∅ never written · ␣ a space"
+         "■</span> new<br>∅ never written · ␣ space · ↵ new line")
+BEFORE = f"{ROWS}<b>before</b> this step's writes<br>what the drafts were read from<br>∅ never written · ␣ space · ↵ new line"
 EMPTY_START = "Each step writes the rows of every token<br>it ran through the model (the recycling)."
 
 
@@ -28,7 +28,7 @@ def heatmap_figure(step: Step | None, token_text, frame: int = 0, picked: list[i
     before = frame in (1, 2, 3)
     fig.update_layout(margin=dict(l=6, r=6, t=102, b=4), height=HEIGHT, plot_bgcolor="white")  # title, legend, ranks
     if step is not None and step.method != "tr":  # no TR words under another method
-        titled(fig, "No matrix for this method", "Token Recycling's matrix M is shown when TR is the method")
+        titled(fig, "No matrix for this method", "The matrix M is Token Recycling's: shown when TR runs")
     else:
         titled(fig, "The matrix M: each token's k candidates", BEFORE if before else AFTER)
     if step is None or not step.rows_written:

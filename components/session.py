@@ -41,6 +41,9 @@ class Superseded(Exception):
     """The tab was reset while this step was being set up: nothing is shown for it."""
 
 
+PAGE_TOKENS = 96  # Max new tokens as a new page shows it (app.build_app's default)
+
+
 @dataclass(frozen=True)
 class Settings:
     model: str

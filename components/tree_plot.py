@@ -67,7 +67,7 @@ LEGEND = ("<span style='color:#1f4e99'>●</span> root = last token · <span sty
           "lookup: copied from earlier in the text<br><span style='color:#e0a100'>★</span> the token the model "
           "added itself · click a node")
 EMPTY_LEGEND = "<br>∅ hollow: drafted from a row never written:<br>it predicts nothing"
-FRAME_LEGEND = {1: "Phase 1, retrieve: the drafts read out of the matrix, row by row<br>"
+FRAME_LEGEND = {1: "Phase 1, retrieve: the drafts, read row by row from M<br>"
                    "<span style='color:#6c8ebf'>●</span> a draft (verdict at phase 2)",
                 2: "Phase 2, verify: one forward checks every node<br><span style='color:#2e9d4f'>●</span> the "
                    "model chose this token after its parent<br><span style='color:#d0455b'>✕</span> it chose "
@@ -108,8 +108,9 @@ def tree_figure(step: Step | None, token_text, title: str = "", frame: int = 0, 
     fig = blank_figure("", "tree")
     empty = step is not None and "empty" in (step.tree.sources or [])
     n = step.blank_drafts if step is not None else 0
-    left_out = (f"<br>∅ hollow leaf: under a node whose row was never written,<br>the {n} place{'s' * (n != 1)} "
-                "below would predict nothing: they are left out<br>of the forward pass, so nothing hangs there") \
+    left_out = (f"<br>∅ hollow leaf: its node's row was never written, so<br>the {n} place{'s' * (n != 1)} below "
+                f"would predict nothing: {'they are' if n != 1 else 'it is'}<br>left out of the forward pass, and "
+                "nothing hangs there") \
         if step is not None and step.blank_under and not empty else ""
     titled(fig, title or "Draft tree", FRAME_LEGEND.get(frame, LEGEND) + (EMPTY_LEGEND if empty else "") + left_out)
     if step is None:

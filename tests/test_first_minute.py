@@ -238,7 +238,7 @@ def test_the_phase_note_says_when_drafts_hit_and_why_a_step_can_be_slower(hub): 
     assert "goes on to the next step" in phase_html(step, hub.get(None).token_text, frame=4)
 
 
-def test_the_first_minute_command_reads_the_counters_of_a_fresh_tab(hub, capsys):  # noqa: F811
+def test_the_first_minute_command_reads_the_counters_of_a_fresh_tab(hub, capsys, tmp_path):  # noqa: F811
     from components.first_minute import FirstSteps, first_steps, main, summary
 
     sess, figures = first_steps(hub, PROMPT, 3, "hot", str(SHIPPED_MATRIX))
@@ -249,6 +249,51 @@ def test_the_first_minute_command_reads_the_counters_of_a_fresh_tab(hub, capsys)
     assert figures["speedup"] == sess.race.speedups[-1]
     lines = summary([FirstSteps("1", "stem", 5, 2.0, 1.2), FirstSteps("2", "stem", 5, 1.4, 1.1),
                      FirstSteps("3", "writing", 5, 1.6, 0.9)])
-    assert lines[0].startswith("stem") and " 1 of 2 " in lines[0] and " 0 of 1 " in lines[1]
-    assert main(["--categories", "no_such_category"]) == 2
-    assert "no prompts" in capsys.readouterr().err
+    assert lines[0].startswith("stem") and " 1 of 2 " in lines[0] and "median MAT 1.70" in lines[0]
+    assert " 0 of 1 " in lines[1]
+    prompts = tmp_path / "q.jsonl"
+    prompts.write_text('{"question_id": 1, "category": "qa", "turns": ["Who wrote Hamlet?"]}\n')
+    assert main(["--prompts", str(prompts), "--categories", "no_such_category"]) == 2
+    said = capsys.readouterr().err
+    assert "no prompts" in said and "(categories: qa)" in said  # the names there are, not a traceback
+
+
+def test_the_first_minute_leaves_out_what_a_calibration_command_read(capsys):
+    from components.first_minute import calibration_reads, main
+    from tr_core.bench import __main__ as bench_cli
+    from tr_core.bench.data import load_prompts
+
+    path = str(bench_cli.DEFAULT_PROMPTS)
+    read = calibration_reads(path)
+    evaluation = {p.question_id for p in load_prompts(path, 10)}
+    assert not read & evaluation  # the evaluation split stays measured in full
+    assert {"91", "100", "101"} <= read and "102" not in read  # the presets' 91-100; the matrix's 92-101 (91: an example)
+    assert main(["--categories", "roleplay", "--offset", "10", "--limit", "10"]) == 2  # all of them read
+    assert "calibration never read" in capsys.readouterr().err
+
+
+PHONE_LINE = 55  # characters of a plot's title or legend line that fit a 390 px phone at 11 px
+
+
+@pytest.mark.parametrize("method,start", [("tr", "hot"), ("tr", "cold"), ("ptd", "hot")])
+def test_every_plot_title_and_legend_line_fits_a_phone(hub, method, start):  # noqa: F811
+    """Plotly does not wrap titles: a longer line is cut at a phone's edge (the walks found several)."""
+    import plotly.graph_objects as go
+
+    from components.panels import draw_panels
+
+    sess = page_session()
+    for _ in range(3):
+        sess.step(hub, "Write a haiku about autumn.", settings(tree="auto", method=method, start=start,
+                                                               lookup=24), cap=256)
+    view = sess.view()
+    too_long = set()
+    for shown in (None, 1, 2, 3):
+        for frame in range(5):
+            for panel in draw_panels(view if shown else None, shown, frame, None):
+                text = panel.layout.title.text if isinstance(panel, go.Figure) else None
+                for line in (text or "").split("<br>"):
+                    line = re.sub("<[^>]+>", "", line)
+                    if len(line) > PHONE_LINE:
+                        too_long.add(line)
+    assert not too_long, sorted(too_long)

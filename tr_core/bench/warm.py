@@ -62,9 +62,8 @@ def warm_matrix(lm, prompts: list[list[int]], max_new_tokens: int, k: int = 8, r
     return matrix
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     from . import __main__ as bench_cli
-    from ..models import ModelLoadError, load_model
 
     ap = argparse.ArgumentParser(prog="python -m tr_core.bench.warm", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -73,6 +72,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--model", default=None, help="default: the embedded model")
     ap.add_argument("--out", default=SHIPPED)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    from ..models import ModelLoadError, load_model
+
+    ap = build_parser()
     args = ap.parse_args(argv)
     if args.limit < 1 or args.max_new_tokens < 1:
         ap.error("--limit and --max-new-tokens must be at least 1")
