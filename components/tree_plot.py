@@ -83,7 +83,7 @@ def titled(fig: go.Figure, title: str, legend: str) -> None:
     fig.update_layout(title=dict(text=f"{title}<br><span style='font-size:11px;color:#555'>{legend}</span>",
                                  x=0.01, y=0.97, yanchor="top", font_size=13))
     lines = title.count("<br>") + legend.count("<br>") + 2
-    fig.update_layout(margin=dict(t=max(fig.layout.margin.t or 0, 8 + 14 * lines)))
+    fig.update_layout(margin=dict(t=max(fig.layout.margin.t or 0, 12 + 17 * lines)))  # Plotly's lines: ~17 px
 
 
 def node_kind(i: int, accepted: set[int], frame: int, sources: list[str], matches: list[bool]) -> str:
