@@ -62,9 +62,9 @@ def first_steps(hub, text: str, steps: int, start: str, warm_file: str | None):
 
 def own_categories(path: str) -> dict[str, str]:
     """Question id -> the file's own category (MT-bench's eight are grouped as ``mt_bench`` elsewhere)."""
-    with open(path, encoding="utf-8") as f:
-        rows = [json.loads(line) for line in f if line.strip()]
-    return {str(r.get("question_id")): str(r.get("category", "default")) for r in rows}
+    from tr_core.bench.data import load_prompts
+
+    return {p.question_id: p.category for p in load_prompts(path, group=False)}
 
 
 def calibration_reads(path: str) -> set[str]:
@@ -77,10 +77,8 @@ def calibration_reads(path: str) -> set[str]:
 
     made = json.loads((PRESET_DIR / "paper-80.json").read_text()).get("calibration", {})
     presets = load_prompts(path, made.get("limit", 10), offset=made.get("offset", SPLITS["calib"]))
-    examples = warm.page_examples()
-    calib = [p for p in load_prompts(path, None, offset=SPLITS["calib"]) if p.text.strip() not in examples]
-    limit = warm.build_parser().get_default("limit")
-    return {p.question_id for p in presets} | {p.question_id for p in warm.first_per_category(calib, limit)}
+    warmed = warm.warm_prompts(path, warm.build_parser().get_default("limit"))
+    return {p.question_id for p in presets} | {p.question_id for p in warmed}
 
 
 def summary(results: list[FirstSteps]) -> list[str]:

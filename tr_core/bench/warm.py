@@ -45,6 +45,14 @@ def first_per_category(prompts: list, limit: int) -> list:
     return kept
 
 
+def warm_prompts(path, limit: int) -> list:
+    """The prompts the warm run decodes: the first ``limit`` of each category of the calibration split,
+    the page's examples left out."""
+    examples = page_examples()
+    calib = [p for p in load_prompts(path, None, offset=SPLITS["calib"]) if p.text.strip() not in examples]
+    return first_per_category(calib, limit)
+
+
 def warm_matrix(lm, prompts: list[list[int]], max_new_tokens: int, k: int = 8, report=None):
     """Token Recycling (default settings: the auto tree, retrieval) over ``prompts`` (token ids), one
     hot-started matrix throughout; returns the matrix.  ``report(i, n)`` after each prompt."""
@@ -83,9 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.limit < 1 or args.max_new_tokens < 1:
         ap.error("--limit and --max-new-tokens must be at least 1")
     try:
-        examples = page_examples()
-        prompts = [p for p in load_prompts(args.prompts, None, offset=SPLITS["calib"]) if p.text.strip() not in examples]
-        prompts = first_per_category(prompts, args.limit)
+        prompts = warm_prompts(args.prompts, args.limit)
         if not prompts:
             raise ValueError(f"no calibration prompts in {args.prompts}")
         lm = load_model(args.model, "cpu", "float32")
