@@ -13,7 +13,7 @@ from pathlib import Path
 
 import gradio as gr
 
-from components.compare import compare_handler
+from components.compare import CompareSteps, compare_handler
 from components.handlers import Handlers, gpu_wrapped, ui_running
 from components.model_hub import ModelHub
 from components.recorded import Recorder, load_at_start_up
@@ -38,6 +38,11 @@ INTROS = {  # the page's header, by method: it describes the method the Method b
            "grows by one level each step from the model's own predictions; its paths become n-gram tries, and the "
            "trie of the last token is checked in the same forward, racing plain greedy decoding (no matrix). "}
 INTRO = INTROS["tr"] + KEYS
+# Before each step of Run to end and Play: the browser first finishes drawing the last step (two animation
+# frames, then a moment), so the step's timed work never shares the processor with that drawing when the
+# browser runs on the server's machine; the race times both sides under the same conditions.
+SETTLE = ("(...args) => new Promise((done) => { const t = setTimeout(() => done(args), 400); "  # a hidden tab draws no frames
+          "requestAnimationFrame(() => requestAnimationFrame(() => setTimeout(() => { clearTimeout(t); done(args); }, 60))); })")
 
 
 def intro_for(method_label: str) -> str:
@@ -54,6 +59,7 @@ def build_app(hub: ModelHub, cap: int = 256, default_tokens: int = PAGE_TOKENS, 
                  record=gpu_task(duration=120)(recorder.record) if recorder else None)
     with gr.Blocks(title="Token Recycling, step by step") as demo:
         session = gr.State(None, time_to_live=3600, delete_callback=h.end_session)
+        kept = gr.BrowserState(None, storage_key="token-recycling-tab")  # the tab's prompt, settings and run
         intro = gr.HTML(INTRO, elem_id="intro")
         with gr.Tabs():
             with gr.Tab("Step by step", elem_id="steps-tab"):
@@ -61,6 +67,7 @@ def build_app(hub: ModelHub, cap: int = 256, default_tokens: int = PAGE_TOKENS, 
             with gr.Tab("Compare methods", elem_id="compare"):
                 cmp = compare_tab()
         ui["intro"] = intro
+        ui["kept"] = kept
         wire(demo, h, session, ui, cmp, hub, cap, recorder)
     return demo
 
@@ -97,6 +104,7 @@ def step_tab(hub: ModelHub, cap: int, default_tokens: int) -> dict:
         ui["example"] = gr.Dropdown([(f"{e['category']}: {e['prompt'][:50]}", e["prompt"]) for e in examples],
                                     value=None, label="Example prompts", elem_id="examples", scale=2, min_width=160)
         ui["open"] = gr.UploadButton("Open run…", file_types=[".json"], elem_id="open-run", size="sm", min_width=90)
+        ui["live"] = gr.Button("Run its prompt live", elem_id="run-live", size="sm", min_width=90, visible=False)
         ui["save"] = gr.DownloadButton("Save run", elem_id="save-run", size="sm", interactive=False, min_width=90)
     ui["status"] = gr.Markdown(elem_id="status")
     ui["phases"] = gr.HTML(elem_id="phases")
@@ -133,7 +141,8 @@ def settings_panel(hub: ModelHub, cap: int, default_tokens: int) -> dict:
     with gr.Accordion("Settings", open=False, elem_id="settings"):
         default_model = EMBEDDED_LABEL if hub.default == "embedded" else hub.default
         s["model"] = gr.Dropdown(list(dict.fromkeys([default_model, *MODEL_CHOICES])), value=default_model,
-                                 allow_custom_value=True, label="Model (a Hugging Face id; a GPU host for big ones)")
+                                 allow_custom_value=True, label="Model (a Hugging Face id; a GPU host for big ones)",
+                                 elem_id="model-field")
         s["tree"] = gr.Dropdown(["auto", *list_presets(), "chain-4"], value=DEFAULT_TREE,
                                 allow_custom_value=True, elem_id="tree-field",
                                 label="Draft tree (a preset, chain-N, or JSON rank paths like [[0],[1],[0,0]])")
@@ -158,7 +167,12 @@ def compare_tab() -> dict:
     c: dict = {}
     gr.Markdown("One prompt (the one in the step-by-step tab), each method run to the end on a fresh matrix: "
                 "greedy, TR with the auto tree, TR with the paper's 80-node tree, PTD and prompt lookup (PLD).")
-    c["go"] = gr.Button("Run all five methods", variant="primary", elem_id="compare-run")
+    with gr.Row():
+        c["go"] = gr.Button("Run all five methods", variant="primary", elem_id="compare-run")
+        c["cancel"] = gr.Button("Cancel", variant="stop", elem_id="compare-cancel", visible=False)
+    c["state"] = gr.State(None, time_to_live=3600)
+    c["timer"] = gr.Timer(0.05, active=False)  # a slice of the run per tick, each queued on its own
+    c["api"] = gr.Button(visible=False)
     c["plot"] = gr.Plot(elem_id="compare-plot", show_label=False)
     c["table"] = gr.HTML(elem_id="compare-table")
     return c
@@ -178,12 +192,18 @@ def wire(demo: gr.Blocks, h: Handlers, session, ui: dict, cmp: dict, hub: ModelH
     stepping = dict(model, show_progress_on=[ui["status"]])
     play = [ui["timer"], ui["play"]]
     buttons = [ui["step"], ui["play"], ui["run"], ui["stop"]]
-    prepare = dict(fn=files.prepare, inputs=session, outputs=ui["save"])
-    replay_boxes = [ui["method"], ui["example_run"], ui["prompt"]]
+    # the run file and the browser's copy, after a step; never while a step runs (the race's times stay its own)
+    prepare = dict(fn=files.prepare, inputs=session, outputs=[ui["save"], ui["kept"]], show_progress="hidden",
+                   **model)
+    replay_boxes = [ui["method"], ui["example_run"], ui["prompt"], ui["live"]]
     follow = dict(fn=h.replay_controls, inputs=[session, ui["prompt"]], outputs=replay_boxes,
                   show_progress="hidden", queue=False)  # they follow a replay, at once and quietly
 
+    for pressed in (ui["step"].click, ui["prompt"].submit, ui["run"].click, ui["play"].click):
+        pressed(h.note_if_starting, None, None, show_progress="hidden")  # at once: not behind start-up
     ui["step"].click(gpu["step"], step_in, views, api_name="do_step", **stepping).then(**prepare).then(**follow)
+    ui["live"].click(gpu["run_live"], step_in, views, **stepping).then(**prepare).then(
+        lambda sess: h.replay_controls(sess, live=True), session, replay_boxes, show_progress="hidden", queue=False)
     ui["prompt"].submit(gpu["step"], step_in, views, **stepping).then(**prepare).then(**follow)
     ui["next"].click(gpu["next_frame"], step_in, views, **stepping).then(**prepare)
     ui["prev"].click(h.prev_frame, session, views)
@@ -191,12 +211,12 @@ def wire(demo: gr.Blocks, h: Handlers, session, ui: dict, cmp: dict, hub: ModelH
     # tabs' queued steps run (no tab waits for another's whole run).  do_run: the whole run in one call (API).
     ui["run"].click(lambda: ui_running(True), None, buttons).then(  # at once: the run has begun
         gpu["run_start"], step_in, views + [ui["run_timer"], *buttons], **stepping).then(**prepare).then(**follow)
-    ui["run_timer"].tick(gpu["run_tick"], step_in, views + [ui["run_timer"], *buttons], trigger_mode="once",
+    ui["run_timer"].tick(gpu["run_tick"], step_in, views + [ui["run_timer"], *buttons], trigger_mode="once", js=SETTLE,
                          **stepping).then(**prepare)
     gr.Button(visible=False).click(gpu["run"], step_in, views, api_name="do_run", **model)
-    ui["stop"].click(h.stop, session, [ui["timer"], ui["run_timer"], *buttons])
-    ui["timer"].tick(gpu["tick"], step_in, views + play, **stepping).then(**prepare).then(**follow)
-    ui["play"].click(h.toggle_play, [ui["play"], ui["speed"], session], play)
+    ui["stop"].click(h.stop, session, [ui["timer"], ui["run_timer"], *buttons]).then(**prepare)
+    ui["timer"].tick(gpu["tick"], step_in, views + play, js=SETTLE, **stepping).then(**prepare).then(**follow)
+    ui["play"].click(h.toggle_play, [ui["play"], ui["speed"], session], play).then(**prepare)
     ui["speed"].change(lambda v: gr.Timer(value=1.0 / float(v)), ui["speed"], ui["timer"])
     # Reset queues with the steps: a step already running is drawn before it, never over it
     ui["reset"].click(h.reset, session, views + [ui["timer"], ui["run_timer"], *buttons], **model).then(
@@ -221,20 +241,38 @@ def wire(demo: gr.Blocks, h: Handlers, session, ui: dict, cmp: dict, hub: ModelH
     s["load_matrix"].upload(h.load_matrix, [s["load_matrix"], *settings_inputs, session], views, **model)
     if recorder is not None:  # ZeroGPU: the handlers stay in this process; their GPU work is one call each
         compare = compare_handler(hub, cap, rows_on_gpu=gpu_task(duration=120)(recorder.compare))
-        warm = warm_or_say_handler(hub, curve_on_gpu=gpu_task(recorder.cost_curve))
+        warm = warm_or_say_handler(hub, curve_on_gpu=gpu_task(recorder.cost_curve), done=h)
     else:
-        compare, warm = gpu_task(compare_handler(hub, cap)), gpu_task(warm_or_say_handler(hub))
-    cmp["go"].click(compare, [ui["prompt"], s["model"], s["max_new"]], [cmp["plot"], cmp["table"]],
-                    api_name="compare", show_progress_on=[cmp["table"]], **model)  # one progress bar, not two
+        compare, warm = gpu_task(compare_handler(hub, cap)), gpu_task(warm_or_say_handler(hub, done=h))
+    # the API's compare: every method in one call; the page's: a slice of work per queued tick (ZeroGPU: one call)
+    cmp["api"].click(compare, [ui["prompt"], s["model"], s["max_new"]], [cmp["plot"], cmp["table"]],
+                     api_name="compare", **model)
+    if recorder is not None:
+        cmp["go"].click(compare, [ui["prompt"], s["model"], s["max_new"]], [cmp["plot"], cmp["table"]],
+                        show_progress_on=[cmp["table"]], **model)
+    else:
+        steps = CompareSteps(hub, cap)
+        running = [cmp["state"], cmp["plot"], cmp["table"], cmp["timer"], cmp["go"], cmp["cancel"]]
+        cmp["go"].click(steps.begin, [ui["prompt"], s["model"], s["max_new"]], running, show_progress="hidden", **model)
+        cmp["timer"].tick(gpu_task(steps.tick), cmp["state"], running, trigger_mode="once", show_progress="hidden",
+                          **model)
+        cmp["cancel"].click(steps.cancel, cmp["state"], [cmp["state"], cmp["table"], cmp["timer"], cmp["go"],
+                                                         cmp["cancel"]], queue=False)
     demo.load(warm, None, ui["status"], **model)
-    demo.load(lambda: h.render(h.session(None, None))[1:-1], None, views[1:-1])  # not the status: warm-up's
+    # a new page, or a reload: the tab's prompt, settings and run come back (not the status: warm-up's)
+    demo.load(files.restore, ui["kept"], views[:-1] + [ui["prompt"], *settings_inputs])
     demo.unload(h.on_unload)
 
 
-def warm_or_say_handler(hub: ModelHub, curve_on_gpu=None):
-    """The page-load handler: the model and its cost curve (``curve_on_gpu``: measured in a ZeroGPU call)."""
+def warm_or_say_handler(hub: ModelHub, curve_on_gpu=None, done: Handlers | None = None):
+    """The page-load handler: the model and its cost curve (``curve_on_gpu``: measured in a ZeroGPU call);
+    ``done.ready`` is set once it has ended, so that a step pressed earlier is said to wait."""
     def warm_up(progress=gr.Progress()) -> str:
-        return warm_or_say(hub, progress, curve_on_gpu)
+        try:
+            return warm_or_say(hub, progress, curve_on_gpu)
+        finally:
+            if done is not None:
+                done.ready = True
     return warm_up
 
 
@@ -248,7 +286,7 @@ def warm_or_say(hub: ModelHub, progress, curve_on_gpu=None) -> str:
     except ModelLoadError as err:
         return f"⚠️ {err} Example runs and run files still replay without a model."
     except Exception as err:
-        return error_text(err).replace("; this session was reset.", ".") + \
+        return error_text(err).replace("; this session was reset (the run shown stays).", ".") + \
             " Example runs and run files still replay without a model."
 
 

@@ -3,40 +3,85 @@ table of MAT, tok/s, speedup over greedy and whether each output is greedy's, to
 from __future__ import annotations
 
 import html
+import time
+from dataclasses import dataclass, field
+from typing import Callable
 
 import plotly.graph_objects as go
 import torch
 from plotly.subplots import make_subplots
 
 from tr_core import GreedyDecoder, PromptLookupDecoder, TokenRecyclingDecoder
-from tr_core.decoders import ProgressiveTreeDecoder
+from tr_core.decoders import Decoder, ProgressiveTreeDecoder
 from tr_core.race import timed_step
 
 COLORS = {"greedy": "#7f8c9a", "TR (auto)": "#2e9d4f", "TR (paper-80)": "#1f4e99", "PTD": "#d0455b",
           "PLD": "#8e44ad"}
 
 
+def method_makers(lm, max_new_tokens: int) -> list[tuple[str, Callable[[], Decoder]]]:
+    """The five methods Compare runs, each on a fresh matrix: (name, a fresh decoder)."""
+    return [("greedy", lambda: GreedyDecoder(lm, max_new_tokens)),
+            ("TR (auto)", lambda: TokenRecyclingDecoder(lm, tree="auto", max_new_tokens=max_new_tokens)),
+            ("TR (paper-80)", lambda: TokenRecyclingDecoder.paper(lm, "paper-80", max_new_tokens=max_new_tokens)),
+            ("PTD", lambda: ProgressiveTreeDecoder(lm, max_new_tokens)),
+            ("PLD", lambda: PromptLookupDecoder(lm, max_new_tokens))]
+
+
+@dataclass
+class CompareRun:
+    """Every method run to the end on one prompt, a few steps at a time (:meth:`advance`), so that the
+    page can show progress per step, cancel, and let other tabs' steps run in between."""
+
+    makers: list[tuple[str, Callable[[], Decoder]]]
+    ids: list[int]
+    max_new_tokens: int
+    rows: list[dict] = field(default_factory=list)  # the methods finished so far
+    decoder: Decoder | None = None  # the method running now (``makers[len(rows)]``)
+    tokens: list[int] = field(default_factory=lambda: [0])
+    seconds: list[float] = field(default_factory=lambda: [0.0])
+
+    @classmethod
+    def start(cls, lm, prompt: str, max_new_tokens: int) -> "CompareRun":
+        return cls(method_makers(lm, max_new_tokens), lm.encode_prompt(prompt), max_new_tokens)
+
+    @property
+    def done(self) -> bool:
+        return len(self.rows) == len(self.makers)
+
+    def advance(self, budget: float = float("inf")) -> None:
+        """Steps of the method running now (its decoder made and its prompt read first), each timed
+        alone, until it ends or ``budget`` seconds have passed."""
+        t0 = time.perf_counter()
+        while not self.done and time.perf_counter() - t0 < budget:
+            if self.decoder is None:
+                self.decoder = self.makers[len(self.rows)][1]()
+                self.decoder.start(self.ids)
+            step = timed_step(self.decoder)
+            self.tokens.append(self.tokens[-1] + len(step.committed))
+            self.seconds.append(self.seconds[-1] + step.seconds)
+            if self.decoder.done:
+                self.rows.append({"name": self.makers[len(self.rows)][0], "tokens": self.tokens,
+                                  "seconds": self.seconds, "output": list(self.decoder.output)})
+                self.decoder, self.tokens, self.seconds = None, [0], [0.0]
+
+    def progress_text(self) -> str:
+        """Where the run is, per step: the method running, its tokens so far, the methods done."""
+        if self.done:
+            return ""
+        name = self.makers[len(self.rows)][0]
+        return (f"Method {len(self.rows) + 1} of {len(self.makers)}: {name}, {self.tokens[-1]} of at most "
+                f"{self.max_new_tokens} tokens ({len(self.tokens) - 1} forward passes so far).")
+
+
 def compare_methods(lm, prompt: str, max_new_tokens: int, progress=None) -> list[dict]:
-    """One row per method: name, cumulative tokens and seconds after each step, output."""
-    makers = [("greedy", lambda: GreedyDecoder(lm, max_new_tokens)),
-              ("TR (auto)", lambda: TokenRecyclingDecoder(lm, tree="auto", max_new_tokens=max_new_tokens)),
-              ("TR (paper-80)", lambda: TokenRecyclingDecoder.paper(lm, "paper-80", max_new_tokens=max_new_tokens)),
-              ("PTD", lambda: ProgressiveTreeDecoder(lm, max_new_tokens)),
-              ("PLD", lambda: PromptLookupDecoder(lm, max_new_tokens))]
-    ids = lm.encode_prompt(prompt)
-    rows = []
-    for n, (name, make) in enumerate(makers):
+    """One row per method: name, cumulative tokens and seconds after each step, output (in one call)."""
+    run = CompareRun.start(lm, prompt, max_new_tokens)
+    while not run.done:
         if progress is not None:
-            progress((n, len(makers)), desc=f"Running {name} to the end")
-        dec = make()
-        dec.start(ids)
-        tokens, seconds = [0], [0.0]
-        while not dec.done:
-            step = timed_step(dec)
-            tokens.append(tokens[-1] + len(step.committed))
-            seconds.append(seconds[-1] + step.seconds)
-        rows.append({"name": name, "tokens": tokens, "seconds": seconds, "output": list(dec.output)})
-    return rows
+            progress((len(run.rows), len(run.makers)), desc=f"Running {run.makers[len(run.rows)][0]} to the end")
+        run.advance(budget=0.5)
+    return run.rows
 
 
 def compare_figure(rows: list[dict]) -> go.Figure:
@@ -116,3 +161,71 @@ def compare_handler(hub, cap: int, rows_on_gpu=None):
             return gr.skip(), f"<div class='status warn'>⚠️ {html.escape(str(err))}</div>"
         return compare_figure(rows), compare_table(rows)
     return compare
+
+
+COMPARE_SLICE = 0.3  # seconds of Compare's work per queued event: other tabs' steps run in between
+
+
+class CompareSteps:
+    """The Compare tab's Run and Cancel, a queued event per slice of work (like Run to end's steps):
+    :meth:`begin` checks the prompt and starts, each tick of the tab's timer runs ``COMPARE_SLICE``
+    seconds of steps and redraws the progress, Cancel stops at the next tick.  The run lives in the
+    tab's own ``gr.State``."""
+
+    def __init__(self, hub, cap: int):
+        self.hub, self.cap = hub, cap
+
+    def begin(self, prompt, model, max_new):
+        import gradio as gr
+
+        from tr_core.decoders import DecodeError
+
+        from .session import UserError, check_prompt
+        try:
+            check_prompt(prompt)
+            if not 1 <= int(max_new or 0) <= self.cap:
+                raise UserError(f"Max new tokens must be between 1 and {self.cap}.")
+            try:
+                lm = self.hub.get(model)
+            except Exception as err:  # a model that cannot load, in words
+                raise UserError(str(err)) from None
+            run = CompareRun.start(lm, str(prompt), int(max_new))
+        except (UserError, DecodeError) as err:
+            gr.Warning(str(err))
+            return (None, gr.skip(), f"<div class='status warn'>⚠️ {html.escape(str(err))}</div>",
+                    *self.controls(False))
+        return (run, gr.skip(), self.progress_html(run), *self.controls(True))
+
+    def tick(self, run: CompareRun | None):
+        import gradio as gr
+
+        from tr_core.devices import oom_message
+        if run is None or run.done:
+            return (run, gr.skip(), gr.skip(), *self.controls(False))
+        try:
+            run.advance(COMPARE_SLICE)
+        except torch.OutOfMemoryError:
+            lm = self.hub.get(None)
+            return (None, gr.skip(), f"<div class='status warn'>⚠️ {html.escape(oom_message(lm.name, lm.dtype, lm.device))}</div>",
+                    *self.controls(False))
+        if run.done:
+            return (None, compare_figure(run.rows), compare_table(run.rows), *self.controls(False))
+        return (run, compare_figure(run.rows) if run.rows and run.decoder is None else gr.skip(),
+                self.progress_html(run), *self.controls(True))
+
+    def cancel(self, run: CompareRun | None):
+        finished = len(run.rows) if run is not None else 0
+        text = (f"Cancelled after {finished} of 5 methods." if run is not None else "Nothing to cancel.")
+        body = compare_table(run.rows) if run is not None and any(r["name"] == "greedy" for r in run.rows) else ""
+        return (None, body + f"<div class='status'>{text}</div>", *self.controls(False))
+
+    @staticmethod
+    def progress_html(run: CompareRun) -> str:
+        done = f" Done: {', '.join(r['name'] for r in run.rows)}." if run.rows else ""
+        return f"<div class='status' role='status'>{html.escape(run.progress_text())}{html.escape(done)}</div>"
+
+    @staticmethod
+    def controls(running: bool) -> tuple:
+        """The tab's timer, Run button and Cancel button while a run goes on (True) or not."""
+        import gradio as gr
+        return gr.Timer(active=running), gr.Button(interactive=not running), gr.Button(visible=running)

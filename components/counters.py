@@ -7,12 +7,28 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 
-MAT_WORDS = ("MAT: tokens committed per forward pass (mean accepted tokens). Greedy's is 1; "
-             "the speedup is about MAT ÷ the extra cost of the larger forward.")
+MAT_WORDS = ("MAT (mean accepted tokens) is the method's own figure: tokens committed per forward pass, "
+             "greedy's is 1. The speedup is what this machine makes of it: MAT ÷ how much longer a step of the "
+             "method takes than a greedy step here (its forward carries the whole draft tree).")
+
+
+def cost_words(fig: dict, cpu: bool) -> str:
+    """The speedup taken apart: MAT ÷ a step's cost in greedy steps, measured here; on a CPU, what the
+    same MAT would give where extra tokens are nearly free (a projection, labelled so)."""
+    tr, g = fig["tr"], fig["greedy"]
+    if not (tr["forwards"] and g["forwards"] and tr["seconds"] and g["seconds"]):
+        return ""
+    cost = (tr["seconds"] / tr["forwards"]) / (g["seconds"] / g["forwards"])
+    words = (f"{fig['speedup']:.2f}× = MAT {tr['mat']:.2f} ÷ {cost:.2f}: on this machine a step of the method "
+             f"took {cost:.2f}× as long as a greedy step.")
+    if cpu:
+        words += (f" Projection, not a measurement: where extra draft tokens cost almost nothing (a GPU), the "
+                  f"same MAT would give close to {tr['mat']:.1f}×.")
+    return words
 
 
 def counters_html(fig: dict | None, method_label: str = "Token Recycling", sampled: bool = False,
-                  extra: str = "", start: str = "", pending: str = "") -> str:
+                  extra: str = "", start: str = "", pending: str = "", cpu: bool = True, step_line: str = "") -> str:
     """``extra``: one more sentence under the verdict (e.g. why two precisions part); ``start``: where
     the matrix of the run came from (hot or cold start), in words; ``pending``: a step shown but not
     counted yet (Teach mode before its verdict)."""
@@ -36,13 +52,16 @@ def counters_html(fig: dict | None, method_label: str = "Token Recycling", sampl
     def row(label, a, b):
         return f"<tr><th>{label}</th><td>{a}</td><td>{b}</td></tr>"
     return (
+        f"<div class='mat-lead'>MAT <b>{tr['mat']:.2f}</b> tokens per forward pass <span>(greedy: 1)</span></div>"
         f'<table class="counters"><tr><th></th><th>{method_label}</th><th>{baseline}</th></tr>'
         + row("tokens", tr["tokens"], g["tokens"])
         + row("forward passes", tr["forwards"], g["forwards"])
         + row("tokens / forward (MAT)", f"{tr['mat']:.2f}", f"{g['mat']:.2f}")
         + row("tokens / s", f"{tr['tok_per_s']:.1f}", f"{g['tok_per_s']:.1f}")
-        + f"<tr class='speedup'><th>speedup</th><td colspan=2><b>{fig['speedup']:.2f}×</b></td></tr></table>"
+        + f"<tr class='speedup'><th>speedup here</th><td colspan=2><b>{fig['speedup']:.2f}×</b></td></tr></table>"
         + f"<div class='same'>{same}</div>" + later
+        + (f"<div class='cost'>{html.escape(cost_words(fig, cpu))}</div>" if cost_words(fig, cpu) else "")
+        + (f"<div class='step-cost'>{html.escape(step_line)}</div>" if step_line else "")
         + f"<div class='mat-words'>{MAT_WORDS}</div>"
         + (f"<div class='start'>Matrix: {html.escape(start)}.</div>" if start else "")
         + (f"<div class='extra'>{extra}</div>" if extra else ""))

@@ -7,6 +7,7 @@ run file go through the same code.
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import gradio as gr
 import torch
@@ -21,6 +22,7 @@ from .session import COLD, METHODS, SHIPPED_MATRIX, Session, Settings, Supersede
 from .zerogpu import gpu_task
 
 IDLE_SECONDS = 300  # a tab idle this long gives its KV caches back (rebuilt when it steps again)
+LONG_PROMPT = 2000  # characters: a prompt this long says that its first step reads it first
 RESET_WAIT = 30.0  # Reset waits at most this long for the tab's step in flight to end
 
 
@@ -30,8 +32,9 @@ def error_text(err: BaseException, header: dict | None = None) -> str:
     if isinstance(err, torch.OutOfMemoryError):
         h = header or {}
         return (f"⚠️ {oom_message(h.get('model', 'the model'), h.get('dtype', '?'), h.get('device', 'cpu'))} "
-                "This session was reset.")
-    return f"⚠️ Something went wrong ({type(err).__name__}: {err}); this session was reset."
+                "This session was reset (the run shown stays).")
+    return (f"⚠️ Something went wrong ({type(err).__name__}: {err}); this session was reset "
+            "(the run shown stays).")
 
 
 def make_settings(model, tree, k, max_new, hot, lookup, method, temperature=0.0, top_p=1.0, seed=0,
@@ -51,7 +54,14 @@ class Handlers:
         self.hub, self.cap, self.matrix_path, self.on_session_end = hub, cap, matrix_path, on_session_end
         self.record = record
         self.live: dict[str, Session] = {}
+        self.ready = False  # start-up (the page-load handler) has ended, in success or not
         hub.on_evict.append(self.forget_model)
+
+    def note_if_starting(self) -> None:
+        """A Step (or Run) pressed during start-up: say that it waits, and why (it runs afterwards)."""
+        if not self.ready:
+            gr.Info("Start-up is still running (loading the model, then its first forwards): your step waits "
+                    "in the queue and runs as soon as the model is ready.", duration=12)
 
     def forget_model(self, lm) -> None:
         """The hub evicted ``lm``: every tab drops its race and planner on it, so its memory goes."""
@@ -104,6 +114,9 @@ class Handlers:
             sess.borrowed_prompt = None
         elif sess.borrowed_prompt is not None:
             prompt = sess.borrowed_prompt  # the empty box goes on with the replay's prompt (Handlers.step)
+        if len(str(prompt or "")) > LONG_PROMPT and sess.needs_new_race(prompt, s):
+            gr.Info(f"Reading the prompt ({len(prompt):,} characters) before the first step: the model reads all "
+                    "of it in one forward pass, which takes a while for a long prompt.", duration=15)
         if self.record is not None:
             sess.reveal(self.record, prompt, s, self.cap)
         else:
@@ -131,7 +144,7 @@ class Handlers:
             err = UserError(str(getattr(err, "message", err)))
         text = error_text(err, sess.header or self.model_facts())
         if not isinstance(err, UserError):
-            sess.reset()
+            sess.reset(keep_run=True)
         if isinstance(err, torch.OutOfMemoryError):
             release_freed_memory()
             release_device_memory()
@@ -143,18 +156,37 @@ class Handlers:
         """One step (in Teach mode: shown from its first frame)."""
         *rest, teach, sess = args
         sess = self.session(sess, request)
+        if sess.replay is not None:  # an opened run: its next recorded step
+            sess.replay_next(teach)
+            return self.render(sess)
         try:
             s = make_settings(*rest)
-            if sess.replay is not None and sess.current() is None and sess.started_with is None:
-                if not str(prompt or "").strip():  # nothing typed: the replay's own prompt, run live
-                    sess.borrowed_prompt = str(sess.replay.header.get("prompt", ""))
-                borrowed = sess.borrowed_prompt is not None
-                sess.replay = None  # a replay ends when the visitor steps a prompt (the file is unchanged)
-                method = next((k for k, v in METHODS.items() if v == s.method), "")
-                sess.notice = (f"The replay was closed (its file is unchanged); this is a live run of "
-                               f"{'its prompt' if borrowed else 'your prompt'} with {method}. ")
             with sess.working():
                 self.advance(sess, prompt, s)
+            sess.frame = 1 if teach else 0
+            return self.render(sess)
+        except Exception as err:
+            return self.failed(sess, err)
+
+    def run_live(self, request: gr.Request, prompt, *args):
+        """“Run its prompt live”: the opened run's prompt, with its method, run with the model from step 1
+        (the prompt box then shows that prompt: :meth:`replay_controls`)."""
+        *rest, teach, sess = args
+        sess = self.session(sess, request)
+        replay = sess.replay
+        if replay is None:
+            return self.render(sess, "There is no opened run to run live: Step runs the prompt in the box.")
+        try:
+            s = replace(make_settings(*rest), method=replay.method if replay.method in METHODS.values() else "tr")
+        except (TypeError, ValueError) as err:
+            return self.failed(sess, UserError(str(err)))
+        sess.replay, sess.shown, sess.borrowed_prompt = None, None, str(replay.header.get("prompt", ""))
+        label = next((k for k, v in METHODS.items() if v == s.method), s.method)
+        sess.notice = f"A live run of the opened run's prompt with {label} (the run file is unchanged). "
+        sess.race = sess.started_with = None  # from step 1, whatever ran before
+        try:
+            with sess.working():
+                self.advance(sess, "", s)  # the empty box goes on with the borrowed prompt
             sess.frame = 1 if teach else 0
             return self.render(sess)
         except Exception as err:
@@ -168,7 +200,7 @@ class Handlers:
         sess.stop, sess.frame = False, 0
         out = self.step(request, prompt, *rest, False, sess)
         sess = out[0]
-        sess.running = sess.current()  # the ticks step this run, whatever the fields say meanwhile
+        sess.running = sess.stepping()  # the ticks step this run (or replay), whatever the fields say meanwhile
         going = sess.in_progress and not out[-1].startswith("⚠️")
         return (*out, gr.Timer(active=going), *ui_running(going))
 
@@ -176,7 +208,7 @@ class Handlers:
         """One step of Run to end; the run timer stops at the end, on Stop or Reset, or on an error."""
         sess = self.session(args[-1], request)
         run = sess.running
-        if sess.stop or run is None or sess.current() is not run or not sess.in_progress:
+        if sess.stop or run is None or sess.stepping() is not run or not sess.in_progress:
             message = "Stopped: Step or Run to end go on from here." if sess.stop and sess.in_progress else ""
             return (*self.render(sess, message), gr.Timer(active=False), *ui_running(False))
         try:
@@ -186,7 +218,7 @@ class Handlers:
             out = self.render(sess)
         except Exception as err:
             out = self.failed(sess, err)
-        if sess.in_progress and sess.current() is run and not out[-1].startswith("⚠️") and not sess.stop:
+        if sess.in_progress and sess.stepping() is run and not out[-1].startswith("⚠️") and not sess.stop:
             return (*out, gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip())
         return (*out, gr.Timer(active=False), *ui_running(False))
 
@@ -223,8 +255,9 @@ class Handlers:
         sess = out[0]
         if sess.in_progress and not out[-1].startswith("⚠️"):
             return (*out, gr.skip(), gr.skip())
-        if teach and sess.current() is not None and sess.frame < 4:
+        if teach and sess.stepping() is not None and sess.frame < 4:
             return (*out, gr.skip(), gr.skip())  # the last step's frames still play
+        sess.playing = False
         return (*out, gr.Timer(active=False), gr.Button(value="▶ Play"))
 
     def next_frame(self, request: gr.Request, prompt, *args):
@@ -239,21 +272,26 @@ class Handlers:
             sess.shown, sess.frame, sess.picked = view.clamp(sess.shown) + 1, 1, None
             return self.render(sess)
         if sess.replay is not None:
-            return self.render(sess, "The end of the run file: the history slider goes back.")
+            return self.render(sess, "The end of the replay: the history slider goes back; “Run its prompt live” "
+                                     "runs it with the model.")
         return self.step(request, prompt, *rest, True, sess)
 
     # ---- no model work ----------------------------------------------------------------------
     @staticmethod
-    def replay_controls(sess: Session | None, typed: str = "", opened_file: bool = False):
-        """(Method box, example-run box, prompt box) after a step or an opened run: the Method box shows a
-        replay's method; the example-run box empties once no example is shown (``opened_file``: a file
-        took its place); the prompt box, while still empty (``typed``), shows a replay's prompt once it
-        runs live (never over what a visitor typed meanwhile)."""
+    def replay_controls(sess: Session | None, typed: str = "", opened_file: bool = False, live: bool = False):
+        """(Method box, example-run box, prompt box, “Run its prompt live” button) after a step or an
+        opened run: the Method box shows a replay's method; the example-run box empties once no example
+        is shown (``opened_file``: a file took its place); the prompt box shows a replay's prompt once it
+        runs live (``live``: asked for by name, so over what was typed; else only into an empty box);
+        the button shows while a run file is open."""
         if sess is None or sess.replay is None:
-            borrowed = sess.borrowed_prompt if sess is not None and not str(typed or "").strip() else None
-            return gr.skip(), None, borrowed if borrowed is not None else gr.skip()
+            borrowed = sess.borrowed_prompt if sess is not None and (live or not str(typed or "").strip()) else None
+            method = next((k for k, v in METHODS.items() if sess is not None and sess.race is not None
+                           and v == sess.race.decoder.method), None) if live else None
+            return (method or gr.skip(), None, borrowed if borrowed is not None else gr.skip(),
+                    gr.Button(visible=False))
         label = next((k for k, v in METHODS.items() if v == sess.replay.method), None)
-        return label or gr.skip(), None if opened_file else gr.skip(), gr.skip()
+        return label or gr.skip(), None if opened_file else gr.skip(), gr.skip(), gr.Button(visible=True)
 
     def prev_frame(self, sess: Session | None, request: gr.Request = None):
         sess = self.session(sess, request)
@@ -270,14 +308,14 @@ class Handlers:
 
     def stop(self, sess: Session | None):
         if sess is not None:
-            sess.stop = True
+            sess.stop, sess.playing = True, False
         return gr.Timer(active=False), gr.Timer(active=False), *ui_running(False)
 
     def toggle_play(self, label: str, steps_per_s: float, sess: Session | None):
         """Play / Pause: the Play timer on or off (Play clears an earlier Stop or Reset)."""
         start = str(label).startswith("▶")
         if sess is not None:
-            sess.stop = not start
+            sess.stop, sess.playing = not start, start
         return (gr.Timer(value=1.0 / float(steps_per_s), active=start),
                 gr.Button(value="❚❚ Pause" if start else "▶ Play"))
 
@@ -377,7 +415,8 @@ def gpu_wrapped(handlers: Handlers) -> dict:
     call per run (``components.recorded``), touches the GPU."""
     if handlers.record is not None:
         return {"step": handlers.step, "run": handlers.run, "tick": handlers.tick, "next_frame": handlers.next_frame,
-                "run_start": handlers.run_start, "run_tick": handlers.run_tick}
+                "run_start": handlers.run_start, "run_tick": handlers.run_tick, "run_live": handlers.run_live}
     return {"step": gpu_task(handlers.step), "run": gpu_task(duration=120)(handlers.run),
+            "run_live": gpu_task(handlers.run_live),
             "tick": gpu_task(handlers.tick), "next_frame": gpu_task(handlers.next_frame),
             "run_start": gpu_task(handlers.run_start), "run_tick": gpu_task(handlers.run_tick)}

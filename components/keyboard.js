@@ -50,8 +50,9 @@
     }
     const shown = status.querySelector(".progress-text");
     const queued = /queue:\s*(\d+)\s*\//.exec(shown ? shown.textContent : "");
-    const text = queued ? `Waiting for the model: another visitor's work is running, ${queued[1]} ahead of you. ` +
-      "One visitor's step runs at a time; yours follows in turn, and your panels stay as they are." : "";
+    const text = queued ? `Waiting for the model: ${queued[1]} ahead of this one in the queue. ` +
+      "The model runs one step at a time (start-up, steps and Compare runs, from this tab or others); " +
+      "this one follows in turn, and the panels stay as they are." : "";
     if (note.textContent !== text) {
       note.textContent = text;
       if (text) (window.trWaitNotes = window.trWaitNotes || []).push(text);  // read by the browser tests

@@ -42,11 +42,23 @@ def draw_panels(view: RunView | None, n: int | None = None, frame: int = 0, pick
             counters_html(figures, label, sampled=view.sampled,
                           extra=html.escape(describe(Divergence(**div), lambda t: visible(text_of(t), 20))) if div else "",
                           start=view.header.get("matrix_start", ""),
-                          pending=f"step {n} is counted at phase 3, accept" if done < n else ""),
+                          pending=f"step {n} is counted at phase 3, accept" if done < n else "",
+                          cpu=str(view.header.get("device", "cpu")).startswith("cpu"),
+                          step_line=step_cost_line(view, done)),
             charts_figure([len(s.committed) for s in view.steps[:done]], view.speedups(done), max_len=view.lookahead),
             phase_html(step, text_of, frame),
             acceptance_figure(view.steps, done),
             text_alternative(view, n, frame))
+
+
+def step_cost_line(view: RunView, n: int) -> str:
+    """Step ``n``'s forward size and what it cost here, in greedy steps (their mean so far)."""
+    step, b = view.step(n), view.baseline[n - 1] if 0 < n <= len(view.baseline) else None
+    if step is None or b is None or not b["forwards"] or not b["seconds"] or step.method == "greedy":
+        return ""
+    ratio = step.seconds / (b["seconds"] / b["forwards"])
+    return (f"This step: one forward of {step.forward_tokens} token{'s' * (step.forward_tokens != 1)} took "
+            f"{ratio:.2f}× a greedy step's time here, and committed {len(step.committed)}.")
 
 
 def tree_title(view: RunView, n: int) -> str:

@@ -10,7 +10,10 @@ import gradio as gr
 
 from tr_core.runs import MAX_BYTES, RunFileError, read_run, write_run
 
-from .session import Session, UserError
+KEEP_CHARS = 2_000_000  # a run kept in the browser for a reload, at most (its storage holds a few MB)
+
+from .run_view import RunView
+from .session import MAX_PROMPT_CHARS, SETTINGS_FIELDS, Session, UserError, settings_fields
 
 EXAMPLE_DIR = Path(__file__).resolve().parents[1] / "assets" / "runs"
 
@@ -68,8 +71,8 @@ def open_run_bytes(sess: Session, data: bytes, name: str) -> str:
     prompt = " ".join(str(h.get("prompt", "")).split())
     shown = prompt if len(prompt) <= 90 else prompt[:89] + "…"
     sess.message = (f"Replay of {name}: “{shown}” ({h.get('model', '?')}, {h.get('dtype', '?')} on "
-                    f"{h.get('device', '?')}, {len(run.steps)} steps). Move the history slider or use Phase ▶; "
-                    "Step starts a live run of your prompt (or of this one, if the prompt box is empty).")
+                    f"{h.get('device', '?')}, {len(run.steps)} steps), at step 1. Step, Play, Run to end and Phase ▶ walk "
+                    "through its recorded steps (no model runs); “Run its prompt live” runs it with the model.")
     return sess.message
 
 
@@ -80,8 +83,34 @@ class RunFiles:
         self.handlers = handlers
 
     def prepare(self, sess: Session | None):
+        """After a step: the run file for Save run, and the tab's prompt, settings and run kept in the
+        browser for a reload (:meth:`restore`).  Skipped while Run to end or Play goes on (each
+        step's file would only be written over): the last step of the run writes it."""
+        if sess is not None and not sess.stop and sess.in_progress and (sess.running is not None or sess.playing):
+            return gr.skip(), gr.skip()
         path = run_file_for(sess)
-        return gr.DownloadButton(value=path, interactive=path is not None)
+        return gr.DownloadButton(value=path, interactive=path is not None), kept_for_reload(sess, path)
+
+    def restore(self, request: gr.Request, kept: dict | None):
+        """A page (re)load: the tab's prompt, settings and run as they were before a reload, when the
+        browser kept them; else an empty page.  (session, *panels, prompt, *settings fields.)"""
+        sess = self.handlers.session(None, request)
+        fields = [gr.skip()] * (1 + len(SETTINGS_FIELDS))
+        if isinstance(kept, dict) and kept.get("prompt") is not None:
+            fields = [str(kept["prompt"])[:MAX_PROMPT_CHARS]] + settings_fields(kept.get("settings"))
+            run, note = None, kept.get("note", "")
+            if kept.get("run"):
+                try:
+                    run = read_run(str(kept["run"]))
+                except RunFileError:
+                    note = "the run kept in this browser could not be read"
+            if run is not None:
+                sess.kept, sess.shown = RunView.of_run(run), None
+                sess.kept.replayed = False
+                note = (f"the run of {len(run.steps)} steps is shown as it was; Step starts the prompt again "
+                        "from step 1 (a reload does not keep the model's state)")
+            gr.Info(f"Restored from this browser's last visit to the page: the prompt and settings; {note}.", duration=10)
+        return (*self.handlers.render(sess)[:-1], *fields)
 
     def upload(self, request: gr.Request, file, sess: Session | None):
         sess = self.handlers.session(sess, request)
@@ -105,3 +134,25 @@ class RunFiles:
         except UserError as err:
             return self.handlers.failed(sess, err)
         return self.handlers.render(sess, message)
+
+
+def kept_for_reload(sess: Session | None, path: str | None) -> dict | None:
+    """What the browser keeps of the tab (``gr.BrowserState``): the prompt and settings of its run, and
+    the run file's text when it fits the browser's storage."""
+    if sess is None or sess.started_with is None:
+        return gr.skip() if sess is None or sess.current() is not None else None
+    prompt, settings = sess.started_with
+    kept = {"prompt": prompt, "settings": settings_values(settings), "run": None, "note": ""}
+    if path is not None:
+        text = Path(path).read_text()
+        if len(text) <= KEEP_CHARS:
+            kept["run"] = text
+        else:
+            kept["note"] = f"the run was too long ({len(text) / 1e6:.1f} MB) to keep in the browser"
+    return kept
+
+
+def settings_values(s) -> dict:
+    """A run's settings as the page's fields show them (``SETTINGS_FIELDS``' names)."""
+    from dataclasses import asdict
+    return {k: v for k, v in asdict(s).items() if k in SETTINGS_FIELDS}

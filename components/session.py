@@ -77,6 +77,32 @@ class Settings:
             raise UserError(f"k must be between 1 and 8 (got {self.k}).")
 
 
+# The settings fields of the page, in the order of app.wire's inputs (a reload restores them by name)
+SETTINGS_FIELDS = ("model", "tree", "k", "max_new_tokens", "hot_start", "lookup", "method", "temperature", "top_p",
+                   "seed", "start")
+
+
+def settings_fields(values: dict | None) -> list:
+    """The page's settings fields (``SETTINGS_FIELDS`` order) from a run's settings by name; a field
+    not given, or of the wrong type, keeps what the page shows."""
+    import gradio as gr
+
+    values = values if isinstance(values, dict) else {}
+    label = {v: k for k, v in METHODS.items()}
+    out = []
+    for name in SETTINGS_FIELDS:
+        v = values.get(name)
+        if name == "method":
+            v = label.get(v)
+        elif name == "lookup" and isinstance(v, (int, float)):
+            v = bool(v)
+        elif name == "start":
+            v = v if v in ("hot", COLD) else None
+        ok = v is not None and not isinstance(v, (dict, list)) and (not isinstance(v, str) or len(v) <= 4000)
+        out.append(v if ok else gr.skip())
+    return out
+
+
 PAGE_MAX_NODES = 128  # a visitor's tree: larger ones make forwards of seconds on a CPU and an unreadable plot
 
 
@@ -132,6 +158,8 @@ class Session:
     borrowed_prompt: str | None = None  # a replay's prompt, stepped live while the prompt box is empty
     running: object = None  # the run Run to end steps (its ticks never start another)
     loaded: bool = False  # the matrix came from "Load matrix": the next race drafts from it, whatever the start
+    playing: bool = False  # Play's timer is on
+    kept: RunView | None = None  # the run shown, detached from its model: it stays while a new one cannot start
 
     # ---- lifecycle -------------------------------------------------------------------------
     def matrix_for(self, lm: LoadedModel, k: int, hot_start: bool, cold: bool = False) -> AdjacencyMatrix:
@@ -198,11 +226,12 @@ class Session:
         s.validate(cap)
         epoch = self.epoch
         if self.started_with is not None and self.started_with[1].model != s.model:
-            self.race = self.planner = self.planner_model = None  # let a model switch free the old one
+            self.keep_shown()  # the run stays on screen, whether or not the new model loads
+            self.race = self.planner = self.planner_model = self.running = None  # let the old model go
         try:
             lm = hub.get(s.model)
         except ModelLoadError as err:
-            raise UserError(str(err)) from None
+            raise UserError(f"{err} The run shown stays.") from None
         try:
             sampling = s.sampling()
             if s.method == "ptd":
@@ -220,7 +249,7 @@ class Session:
             raise UserError(str(err)) from None
         if self.epoch != epoch:
             raise Superseded()  # Reset while this race was being set up: Reset's page stands
-        self.race, self.prompt, self.started_with = race, prompt, (prompt, s)
+        self.race, self.prompt, self.started_with, self.kept = race, prompt, (prompt, s), None
         self.header = run_header(lm, s.method, asdict(s), prompt, race.decoder.prompt)
         if s.method == "tr":
             self.header["matrix_start"] = matrix.note
@@ -289,16 +318,36 @@ class Session:
         """The run being stepped: the recording (ZeroGPU) or the live race; None."""
         return self.recorded if self.recorded is not None else self.race
 
+    def stepping(self):
+        """What Step, Play and Run to end walk: an opened run file's recorded steps, else ``current()``."""
+        return self.replay if self.replay is not None else self.current()
+
+    def replay_next(self, teach: bool = False) -> None:
+        """The opened run's next recorded step (no model runs); in Teach mode from its first frame."""
+        replay = self.replay
+        shown = replay.clamp(self.shown)
+        if shown < len(replay.steps):
+            self.shown, self.frame, self.picked = shown + 1, 1 if teach else 0, None
+            self.message = (f"Replay: step {shown + 1} of {len(replay.steps)} of the opened run, as recorded "
+                            "(no model runs). “Run its prompt live” runs it with the model; Reset closes the replay.")
+        else:
+            self.message = (f"The end of the replay ({len(replay.steps)} steps). “Run its prompt live” runs it "
+                            "with the model; Reset closes the replay.")
+
     @property
     def in_progress(self) -> bool:
-        """Whether the current run has steps to come."""
+        """Whether the run being stepped (a replay included) has steps to come."""
+        if self.replay is not None:
+            return self.replay.clamp(self.shown) < len(self.replay.steps)
         if self.recorded is not None:
             return self.revealed < len(self.recorded.steps)
         return self.race is not None and not self.race.done
 
     def next_step(self, run) -> None:
         """One more step of ``run`` (what ``current()`` was when the run began)."""
-        if run is self.recorded and run is not None:
+        if run is self.replay and run is not None:
+            self.replay_next()
+        elif run is self.recorded and run is not None:
             self.show_next()
         else:
             self.advance(run)
@@ -330,8 +379,13 @@ class Session:
         if self.planner_model is lm:
             self.planner = self.planner_model = None
 
-    def reset(self) -> None:
+    def reset(self, keep_run: bool = False) -> None:
+        """Start over (Reset); ``keep_run``: the run shown stays on screen, detached (after an error)."""
         self.epoch += 1  # a step or recording begun before this is dropped when it ends (Superseded)
+        if keep_run:
+            self.keep_shown()
+        else:
+            self.kept = None
         self.race, self.started_with, self.message = None, None, "Reset."  # until the next step says more
         self.replay, self.header, self.shown, self.frame, self.picked = None, None, None, 0, None
         self.recorded, self.revealed, self.borrowed_prompt, self.running = None, 0, None, None
@@ -375,8 +429,15 @@ class Session:
         if self.recorded is not None:
             return replace(RunView.of_run(self.recorded), replayed=False).first(self.revealed)
         if self.race is None or not self.race.decoder.steps:
-            return None
+            return self.kept
         return RunView.of_race(self.race, self.header or {})
+
+    def keep_shown(self) -> None:
+        """Detach the run shown from its model (its token texts copied): it stays on screen after the
+        race is dropped, while a new run cannot start (a model that fails to load, an error)."""
+        view = self.view()
+        if view is not None:
+            self.kept = view if view.replayed else replace(RunView.of_run(view.to_run()), replayed=False)
 
     def views(self) -> tuple:
         """Every panel at the step shown (``panels.PANELS`` order)."""

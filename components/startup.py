@@ -101,27 +101,28 @@ def warm_kernels(lm) -> None:
 
 def warm_up(hub, progress, curve_on_gpu=None) -> str:
     """Load the default model, warm its kernels and get its cost curve (from the cache when this
-    machine measured it before); ``progress(fraction_or_steps, desc=...)`` moves with each part.
+    machine measured it before); ``progress(fraction_or_steps, desc=...)`` moves with each part, and
+    the parts are counted as they will run (a cached curve needs no timing, a timing warms too).
     ``curve_on_gpu()``: measure the curve in a ZeroGPU call (it returns the curve, kept here)."""
     lm = with_progress(lambda: hub.get(None),
-                       lambda t: progress((0, 3), desc=f"Step 1 of 3: loading the model ({t:.0f} s so far)"))
+                       lambda t: progress((0, 2), desc=f"Step 1 of 2: loading the model ({t:.0f} s so far)"))
     cached = load_cached_curve(lm)
     warmed = "the model has already run once at every size, so your first steps are not slowed by warm-up" \
         if not curve_on_gpu else "each GPU call warms the model up itself"
-    if cached and not curve_on_gpu:  # measuring the curve warms them too (on ZeroGPU, only a GPU call could)
-        with_progress(lambda: warm_kernels(lm),
-                      lambda t: progress((1, 3), desc=f"Step 2 of 3: first forwards of 1-96 tokens ({t:.0f} s)"))
     if cached:
         timed = "timed earlier"
+        if not curve_on_gpu:  # measuring the curve warms them too (on ZeroGPU, only a GPU call could)
+            with_progress(lambda: warm_kernels(lm),
+                          lambda t: progress((1, 2), desc=f"Step 2 of 2: first forwards of 1-96 tokens ({t:.0f} s)"))
     else:
         measure = (lambda: setattr(lm, "cost_curve", curve_on_gpu())) if curve_on_gpu else (lambda: cost_curve_for(lm))
-        with_progress(measure, lambda t: progress((2, 3), desc=f"Step 3 of 3: timing forwards of 1-96 tokens for "
+        with_progress(measure, lambda t: progress((1, 2), desc=f"Step 2 of 2: timing forwards of 1-96 tokens for "
                                                                f"the auto tree, once per model and device ({t:.0f} s so far)"))
         save_curve(lm)
         lm.kernels_warm = not curve_on_gpu  # the curve's forwards ran every size here
         timed = "timed just now, kept for restarts"
     how = f"the draft tree's size is planned from how long the model took on this machine ({timed})"
-    progress((3, 3), desc="Ready")
+    progress((2, 2), desc="Ready")
     why = f"; {lm.dtype_reason}" if lm.dtype_reason and not lm.dtype_reason.startswith("float32: the default") else ""
     return (f"Ready: {lm.name} on {describe_device(lm)} ({precision_words(lm.dtype)}{why}; your prompt goes "
             f"through the {lm.template}; {warmed}; {how}). Type a prompt and press Step.")

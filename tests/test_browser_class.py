@@ -80,7 +80,7 @@ def test_eight_tabs_are_served_while_a_ninth_runs_to_the_end(launched):  # noqa:
     assert all(len(w) == 2 for w in out["waits"])
     said = [n for notes in out["wait_notes"] for n in notes]
     assert said, "a tab waiting behind others' steps should say why it waits"
-    assert all(re.match(r"Waiting for the model: another visitor's work is running, \d+ ahead of you\.", n)
+    assert all(re.match(r"Waiting for the model: \d+ ahead of this one in the queue\.", n)
                for n in said), said
     assert any(int(re.search(r"(\d+) ahead", n).group(1)) > 1 for n in said), "8 tabs at once: some wait behind more than one"
     print("longest waits (s):", [round(max(w), 1) for w in out["waits"]], "run steps:", out["run_steps"])

@@ -1,6 +1,6 @@
 """Controls that never lose work, in a real browser (Debian's chromium via Playwright) at 1280x800:
 Teach frames that hide what is to come, Reset with a step in flight, Step on a replay, the history
-slider's last position (issue 23)."""
+slider's last position."""
 from __future__ import annotations
 
 import re
@@ -64,7 +64,7 @@ def test_reset_with_a_step_in_flight_is_final(browser, launched):  # noqa: F811
     page.close()
 
 
-def test_step_on_a_replay_goes_on_with_its_prompt_and_loses_nothing(browser, launched):  # noqa: F811
+def test_a_replay_steps_through_its_recording_and_runs_live_only_when_asked(browser, launched):  # noqa: F811
     from playwright.sync_api import expect
 
     page = open_page(browser, launched[1])
@@ -76,17 +76,22 @@ def test_step_on_a_replay_goes_on_with_its_prompt_and_loses_nothing(browser, lau
     assert page.locator("#example-runs input").input_value().startswith("PTD: ")  # the first example, named in words
     expect(page.locator("#method input")).to_have_value("Progressive Tree Drafting (PTD)", timeout=10_000)
     expect(page.locator("#intro")).to_contain_text("Progressive Tree Drafting")  # the header follows the method
-    page.locator("#history input[type=range]").fill("2")
+    expect(page.locator("#run-live")).to_be_visible(timeout=10_000)
+    total = int(re.search(r"of (\d+)", page.locator("#history").inner_text()).group(1))
+    page.locator("#step").click()  # Step walks the recording: no model runs
     expect(page.locator("#tree-plot")).to_contain_text("Step 2:", timeout=30_000)
-    assert "Replay of" in page.locator("#status").inner_text()  # not "Reset."
-    page.locator("#step").click()  # the prompt box is empty: a live run of the replay's prompt
-    expect(page.locator("#status")).to_contain_text("replay was closed", timeout=60_000)
-    assert "empty" not in page.locator("#status").inner_text()
+    expect(page.locator("#status")).to_contain_text(f"Replay: step 2 of {total}", timeout=30_000)
+    page.locator("#play").click()  # so does Play
+    expect(page.locator("#status")).to_contain_text(f"Replay: step 4 of {total}", timeout=30_000)
+    page.locator("#play").click()  # pause
+    assert f"of {total}" in page.locator("#history").inner_text()  # the recording, not a new run
+    page.locator("#run-live").click()  # the named action: its prompt, live, from step 1
+    expect(page.locator("#status")).to_contain_text("live run of the opened run's prompt", timeout=60_000)
     expect(page.locator("#history")).to_contain_text("step 1 of 1", timeout=30_000)
     expect(page.locator("#example-runs input")).to_have_value("", timeout=10_000)  # the replay is closed
+    expect(page.locator("#run-live")).to_be_hidden(timeout=10_000)
     assert page.locator("#prompt textarea").input_value().strip()  # the prompt running live is in the box
-    assert "Progressive Tree Drafting" in page.locator("#tree-plot").inner_text() or \
-        "trie" in page.locator("#tree-plot").inner_text()  # the live run is the replay's method
+    assert "trie" in page.locator("#tree-plot").inner_text()  # the live run is the replay's method
     page.locator("#step").click()
     expect(page.locator("#history")).to_contain_text("step 2 of 2", timeout=60_000)
     page.close()

@@ -162,22 +162,33 @@ def test_a_tab_whose_first_event_draws_nothing_still_starts_hot(hub, first):  # 
     assert out[0] is sess and "warmed on" in sess.header["matrix_start"] and sess.frame == 1
 
 
-def test_step_on_a_replay_goes_on_with_its_prompt_and_the_status_speaks_of_the_replay(hub):  # noqa: F811
+def test_step_on_a_replay_walks_its_recording_and_run_live_runs_its_prompt(hub):  # noqa: F811
     h = Handlers(hub, 256)
     sess = Session()
     name = example_runs()[0]
     said = open_run_bytes(sess, (EXAMPLE_DIR / f"{name}.json").read_bytes(), name)
     prompt = sess.replay.header["prompt"]
+    total = len(sess.replay.steps)
     assert prompt.split()[0] in said and "Replay of" in said
     out = h.history(2, sess)
     assert "Replay of" in out[-1]  # a slider move: the status still speaks of the replay, not "Reset."
     out = h.prev_frame(sess)
-    assert "Replay of" in out[-1]
-    out = h.step(None, "", "embedded", "auto", 8, 12, True, True, "Token Recycling (TR)", False, sess)
+    assert "Replay of" in out[-1] and sess.shown == 1
+    args = ("embedded", "auto", 8, 12, True, True, "Token Recycling (TR)")
+    out = h.step(None, "a prompt typed meanwhile", *args, False, sess)  # Step walks the recording
+    assert sess.replay is not None and sess.race is None and sess.shown == 2
+    assert f"Replay: step 2 of {total}" in out[-1]
+    sess.shown = total
+    out = h.step(None, "", *args, False, sess)
+    assert sess.shown == total and "end of the replay" in out[-1] and not sess.in_progress
+    out = h.run_live(None, "a prompt typed meanwhile", *args, False, sess)  # the named action
     assert sess.replay is None and sess.started_with[0] == prompt  # a live run of the replay's prompt
-    assert "replay was closed" in out[-1] and "empty" not in out[-1]
-    out = h.step(None, "", "embedded", "auto", 8, 12, True, True, "Token Recycling (TR)", False, sess)
-    assert len(sess.race.decoder.steps) == 2  # the empty box goes on with that run
+    assert sess.started_with[1].method == "ptd" and len(sess.race.decoder.steps) == 1  # with its method
+    assert "live run of the opened run's prompt" in out[-1]
+    box = h.replay_controls(sess, "a prompt typed meanwhile", live=True)
+    assert box[0] == "Progressive Tree Drafting (PTD)" and box[2] == prompt  # asked for by name: the box shows it
+    out = h.step(None, prompt, "embedded", "auto", 8, 12, True, True, "Progressive Tree Drafting (PTD)", False, sess)
+    assert len(sess.race.decoder.steps) == 2  # the box's prompt goes on with that run
 
 
 def test_run_to_end_takes_one_step_per_event_and_stops_at_the_end_or_on_reset(hub):  # noqa: F811

@@ -49,9 +49,11 @@ def test_the_app_puts_its_model_work_under_spaces_gpu(monkeypatch):
     build_app(ModelHub())
     # step, run (the API's and the page's first step and ticks), Play's tick and Teach mode's next frame
     # (which steps after the last frame) decode;
-    # compare runs every method; warm_up loads the model and times its forwards.  History, replay,
-    # run files, settings and reset never touch the model and stay off the GPU.
-    assert sorted(wrapped) == ["compare", "next_frame", "run", "run_start", "run_tick", "step", "tick", "warm_up"]
+    # "Run its prompt live" decodes; compare runs every method (the API's in one call, the page's a slice
+    # per tick); warm_up loads the model and times its forwards.  History, replay, run files, settings
+    # and reset never touch the model and stay off the GPU.
+    assert sorted(wrapped) == ["compare", "next_frame", "run", "run_live", "run_start", "run_tick", "step", "tick",
+                               "tick", "warm_up"]
 
 
 def test_the_app_under_a_forking_zerogpu_loads_once_and_steps_runs_and_compares(monkeypatch, embedded_lm, tmp_path):

@@ -109,6 +109,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lookup", type=int, default=None,
                     help="prompt-lookup tokens merged into plain 'tr' trees (0 = off; default 24, cut by the planner to what pays)")
     ap.add_argument("--k", type=int, default=8, help="candidates per matrix row")
+    ap.add_argument("--matrix", default=None,
+                    help="a matrix file every prompt's 'tr' starts from, as the app's hot start does (default: "
+                         "from empty, carried over from prompt to prompt)")
     ap.add_argument("--model", default=None, help="'embedded' (default), a HF id, a folder or a .gguf file")
     ap.add_argument("--device", default=None)
     ap.add_argument("--dtype", default=None)
@@ -158,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
                   "model (--peers same)", file=sys.stderr)
             args.peers = "same"
         plain = load_untouched(args.model, lm.device, lm.dtype) if args.peers == "untouched" else None
-        specs = parse_methods(args.methods, lm, args.tree, args.k, args.lookup, sampling, plain)
+        specs = parse_methods(args.methods, lm, args.tree, args.k, args.lookup, sampling, plain, args.matrix)
     except (OSError, ValueError, ModelLoadError, TreeError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

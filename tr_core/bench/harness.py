@@ -50,12 +50,18 @@ class Run:
 
 def _tr_spec(name: str, lm: LoadedModel, tree: str | None, k: int, lookup: int | None,
              sampling: SamplingConfig | None = None, uniform: bool = False, paper: bool = False,
-             budget: int | None = None) -> MethodSpec:
+             budget: int | None = None, matrix_file: str | None = None) -> MethodSpec:
     """``tr`` (the device default), ``tr:TREE`` (``paper``: the paper's method exactly on TREE),
     ``tr:TREE+pldN`` (TREE with our drafting and N tokens retrieved from the context) or ``tr:bestN``
     (``budget``: the best N draft nodes a step, tree and retrieval together, a GPU's fixed budget);
-    ``uniform``: the auto tree's planner starts from no learnt priors (``tr:uniform``, the ablation)."""
-    matrix = AdjacencyMatrix(lm.vocab_size, k, lm.device, lm.fingerprint)  # hot start across prompts
+    ``uniform``: the auto tree's planner starts from no learnt priors (``tr:uniform``, the ablation).
+    ``matrix_file``: every prompt starts from this matrix (as the app's hot start does), else the
+    matrix carries over from prompt to prompt, from empty."""
+    def start_matrix() -> AdjacencyMatrix:
+        if matrix_file is None:
+            return AdjacencyMatrix(lm.vocab_size, k, lm.device, lm.fingerprint)
+        return AdjacencyMatrix.load(matrix_file, lm.fingerprint, lm.vocab_size, lm.device).narrowed(k)
+    matrix = start_matrix()  # hot start across prompts
     planner = TreePlanner(lm, k=k, uniform_prior=uniform, budget=budget) if uniform or budget else None
     exact = dict(TokenRecyclingDecoder.PAPER) if paper else {"lookup": lookup, "node_budget": budget}
     probe = TokenRecyclingDecoder(lm, tree="auto" if uniform else tree, matrix=matrix, planner=planner, **exact)
@@ -71,10 +77,17 @@ def _tr_spec(name: str, lm: LoadedModel, tree: str | None, k: int, lookup: int |
         matrix.reset()
         if planner is not None:
             planner.reset()
-    return MethodSpec(name, lambda lm_, n: TokenRecyclingDecoder(lm_, tree=shape, matrix=matrix, planner=planner,
-                                                                 max_new_tokens=n, trace_rows=False,
-                                                                 sampling=sampling, **exact),
-                      tree=label + extra, reset=reset)
+
+    def make(lm_: LoadedModel, n: int) -> TokenRecyclingDecoder:
+        if matrix_file is not None:  # each prompt from the file's matrix, its planner afresh (a new tab's start)
+            reset()
+            fresh = start_matrix()
+            matrix.table.copy_(fresh.table)
+            matrix.pairs = fresh.pairs
+        return TokenRecyclingDecoder(lm_, tree=shape, matrix=matrix, planner=planner, max_new_tokens=n,
+                                     trace_rows=False, sampling=sampling, **exact)
+    start = f", each prompt from {matrix_file}" if matrix_file else ""
+    return MethodSpec(name, make, tree=label + extra + start, reset=reset)
 
 
 def _ptd_spec(name: str, arg: str, lm: LoadedModel, sampling: SamplingConfig | None = None) -> MethodSpec:
@@ -117,7 +130,7 @@ def baseline_specs(lm: LoadedModel, plain: LoadedModel | None, sampling: Samplin
 
 def parse_methods(text: str, lm: LoadedModel, tree: str | None = None, k: int = 8,
                   lookup: int | None = None, sampling: SamplingConfig | None = None,
-                  plain: LoadedModel | None = None) -> list[MethodSpec]:
+                  plain: LoadedModel | None = None, matrix_file: str | None = None) -> list[MethodSpec]:
     """``greedy,tr,tr:paper-80,tr:tr-16+pld10`` -> specs, after the baselines (:func:`baseline_specs`),
     with the same sampling settings for all.  ``plain``: the untouched copy of the model the ``hf-*``
     peers run on (default: ``lm`` itself)."""
@@ -145,7 +158,8 @@ def parse_methods(text: str, lm: LoadedModel, tree: str | None = None, k: int = 
             specs.append(_ptd_spec(name, arg, lm, sampling))
             continue
         if base == "tr" and arg in ("", "uniform"):
-            specs.append(_tr_spec(name, lm, tree, k, lookup, sampling, uniform=arg == "uniform"))
+            specs.append(_tr_spec(name, lm, tree, k, lookup, sampling, uniform=arg == "uniform",
+                                  matrix_file=matrix_file))
         elif base == "tr" and arg.startswith("best"):
             try:
                 budget = int(arg[4:])

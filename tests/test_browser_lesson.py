@@ -1,0 +1,177 @@
+"""A lesson with no surprises, in a real browser (Debian's chromium via Playwright) at 1280x800: the
+counters' speedup agrees with the benchmark's on the same prompt, a failed model load and a reload
+lose nothing, a step pressed during start-up says that it waits, and Compare lets other tabs step."""
+from __future__ import annotations
+
+import re
+import threading
+
+import pytest
+
+from .test_app import free_port, hub, launched  # noqa: F401  (fixtures)
+from .test_browser_teaching import browser, open_page  # noqa: F401  (fixture)
+
+pytestmark = pytest.mark.browser
+
+CHAT = "Why do cats purr? Explain briefly."
+KINDS = {"chat": CHAT,
+         "code": "Write a Python function that returns the n-th Fibonacci number, with a short docstring.",
+         "rewrite": "Rewrite this sentence in the passive voice: The committee approved the new budget on Monday."}
+
+
+def set_max_new(page, tokens: int) -> None:
+    page.locator("#settings").get_by_text("Settings").first.click()
+    box = page.locator("#max-new input")
+    box.fill(str(tokens))
+    box.press("Tab")
+
+
+def counters_figures(page) -> dict:
+    text = page.locator("#counters").inner_text()
+    return {"speedup": float(re.search(r"speedup here\s+([\d.]+)×", text).group(1)),
+            "mat": float(re.search(r"tokens / forward \(MAT\)\s+([\d.]+)", text).group(1))}
+
+
+def page_run_to_end(browser, url: str, prompt: str, tokens: int) -> dict:  # noqa: F811
+    """Run to end on a fresh page with the page's defaults (hot start, auto tree); the counters."""
+    from playwright.sync_api import expect
+
+    page = open_page(browser, url)
+    set_max_new(page, tokens)
+    page.locator("#prompt textarea").fill(prompt)
+    page.locator("#run").click()
+    expect(page.locator("#status")).to_contain_text("Done", timeout=600_000)
+    figures = counters_figures(page)
+    page.close()
+    return figures
+
+
+def bench_on(lm, prompt: str, tokens: int) -> dict:
+    """``python -m tr_core.bench --methods tr --matrix <the shipped matrix>`` on one prompt, in process:
+    TR from the matrix a new tab starts from, against the same greedy decoder the page races."""
+    from components.session import SHIPPED_MATRIX
+    from tr_core.bench.data import BenchPrompt
+    from tr_core.bench.harness import parse_methods, run_benchmark
+
+    specs = parse_methods("tr", lm, matrix_file=str(SHIPPED_MATRIX))
+    runs = {r.method: r for r in run_benchmark(lm, [BenchPrompt("page", "page", prompt)], specs, tokens,
+                                                warmup=1, progress=False)}
+    rate = {m: r.new_tokens / r.seconds for m, r in runs.items()}
+    return {"speedup": rate["tr"] / rate["greedy"], "mat": runs["tr"].new_tokens / runs["tr"].steps,
+            "aa": rate["greedy-aa"] / rate["greedy"], "identical": runs["tr"].identical}
+
+
+def test_the_counters_speedup_agrees_with_the_bench_on_the_same_prompt(browser, launched, hub):  # noqa: F811
+    tokens = 64
+    page = page_run_to_end(browser, launched[1], CHAT, tokens)
+    bench = bench_on(hub.get(None), CHAT, tokens)
+    print(f"page: MAT {page['mat']:.2f}, {page['speedup']:.2f}x; bench: MAT {bench['mat']:.2f}, "
+          f"{bench['speedup']:.2f}x (A/A {bench['aa']:.2f})")
+    assert bench["identical"]
+    assert abs(page["speedup"] / bench["speedup"] - 1) <= 0.10, (page, bench)
+
+
+def test_a_failed_model_load_keeps_the_run_and_a_reload_brings_it_back(browser, launched):  # noqa: F811
+    from playwright.sync_api import expect
+
+    page = open_page(browser, launched[1])
+    page.locator("#prompt textarea").fill(CHAT)
+    for i in (1, 2, 3):
+        page.locator("#step").click()
+        expect(page.locator("#history")).to_contain_text(f"step {i} of {i}", timeout=60_000)
+    text = page.locator("#output-text").inner_text()
+    page.locator("#settings").get_by_text("Settings").first.click()
+    model = page.locator("#model-field input")
+    model.fill("nobody/nothing-7b")
+    model.press("Enter")
+    page.locator("#step").click()
+    expect(page.locator("#status")).to_contain_text("The run shown stays", timeout=60_000)
+    assert "step 3 of 3" in page.locator("#history").inner_text()
+    assert page.locator("#output-text").inner_text() == text
+    assert "speedup" in page.locator("#counters").inner_text()
+    page.reload()  # the browser kept the tab's prompt, settings and run
+    expect(page.locator("#history")).to_contain_text("step 3 of 3", timeout=60_000)
+    expect(page.locator("#prompt textarea")).to_have_value(CHAT, timeout=30_000)
+    expect(page.locator(".toast-body")).to_contain_text("Restored", timeout=30_000)
+    assert "speedup" in page.locator("#counters").inner_text()
+    page.close()
+
+
+def test_a_step_pressed_during_start_up_says_it_waits_and_runs_afterwards(browser, hub):  # noqa: F811
+    from playwright.sync_api import expect
+
+    from app import build_app, serve
+    from components.model_hub import ModelHub
+
+    release = threading.Event()
+
+    class SlowStart(ModelHub):
+        def get(self, spec=None):
+            release.wait(120)  # start-up holds here until the test lets it go
+            return super().get(spec)
+
+    demo = build_app(SlowStart(loaded={"embedded": hub.get(None)}))
+    port = free_port()
+    serve(demo, "127.0.0.1", port, prevent_thread_lock=True, quiet=True)
+    try:
+        page = browser.new_page(viewport={"width": 1280, "height": 800})
+        page.goto(f"http://127.0.0.1:{port}/")
+        page.locator("#prompt textarea").fill(CHAT)
+        page.locator("#step").click()
+        expect(page.locator(".toast-body")).to_contain_text("Start-up is still running", timeout=30_000)
+        assert "speedup" not in page.locator("#counters").inner_text()
+        release.set()
+        expect(page.locator("#counters")).to_contain_text("speedup", timeout=120_000)
+        expect(page.locator("#history")).to_contain_text("step 1 of 1")
+        page.close()
+    finally:
+        release.set()
+        demo.close()
+
+
+def test_compare_shows_progress_per_step_lets_another_tab_step_and_cancels(browser, launched):  # noqa: F811
+    from playwright.sync_api import expect
+
+    a = open_page(browser, launched[1])
+    set_max_new(a, 96)
+    a.locator("#prompt textarea").fill(CHAT)
+    a.get_by_role("tab", name="Compare methods").click()
+    a.locator("#compare-run").click()
+    table = a.locator("#compare-table")
+    expect(table).to_contain_text("Method 1 of 5: greedy", timeout=60_000)
+    b = open_page(browser, launched[1])
+    b.locator("#prompt textarea").fill(KINDS["rewrite"])
+    b.locator("#step").click()
+    expect(b.locator("#counters")).to_contain_text("speedup", timeout=60_000)
+    assert "Method" in table.inner_text(), "the other tab's step is served while Compare runs"
+    a.locator("#compare-cancel").click()
+    expect(table).to_contain_text("Cancelled after", timeout=30_000)
+    expect(a.locator("#compare-run")).to_be_enabled(timeout=30_000)
+    a.close()
+    b.close()
+
+
+if __name__ == "__main__":  # the figures for three kinds of prompt: python -m tests.test_browser_lesson
+    import shutil
+    import sys
+
+    from playwright.sync_api import sync_playwright
+
+    from app import build_app, serve
+    from components.model_hub import ModelHub
+    from tests.test_browser_teaching import ARGS
+
+    tokens = int(sys.argv[1]) if len(sys.argv) > 1 else 96
+    hub_ = ModelHub()
+    demo = build_app(hub_)
+    port = free_port()
+    serve(demo, "127.0.0.1", port, prevent_thread_lock=True, quiet=True)
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=shutil.which("chromium"), args=ARGS)
+        for kind, prompt in KINDS.items():
+            shown = page_run_to_end(b, f"http://127.0.0.1:{port}/", prompt, tokens)
+            measured = bench_on(hub_.get(None), prompt, tokens)
+            print(f"{kind}: page MAT {shown['mat']:.2f} {shown['speedup']:.2f}x | bench MAT {measured['mat']:.2f} "
+                  f"{measured['speedup']:.2f}x (A/A {measured['aa']:.2f}, identical {measured['identical']})", flush=True)
+        b.close()
+    demo.close()
