@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -14,6 +15,8 @@ TINY_VOCAB = 96
 # on a GPU host the suite still checks what it checks on a CPU.  The GPU has its own check:
 # ``python -m tr_core.bench.gpu_check``.
 DEVICE = os.environ.get("TR_TEST_DEVICE", "cpu")
+# This project's copy of Spec-Bench's questions (the commands take the path as --prompts).
+SPEC_BENCH = Path(__file__).resolve().parents[2] / "shared" / "data" / "spec_bench" / "question.jsonl"
 
 
 def make_tiny_tokenizer():

@@ -3,8 +3,10 @@ import pytest
 import csv
 import json
 
-from tr_core.bench.__main__ import main
+from tr_core.bench.cli import main
 from tr_core.bench.data import load_prompts
+
+from .conftest import SPEC_BENCH
 
 
 def write_prompts(path):
@@ -58,9 +60,9 @@ def test_method_order_balances_places_and_predecessors(m):
 
 
 def fake_runs(method, seconds, tokens=10, category="qa"):
-    from tr_core.bench.harness import Run
+    from tr_core.bench.harness import TimedRun
 
-    return [Run(method, str(i), category, tokens, s, tokens, True) for i, s in enumerate(seconds)]
+    return [TimedRun(method, str(i), category, tokens, s, tokens, True) for i, s in enumerate(seconds)]
 
 
 def test_speedup_is_over_the_fastest_greedy_with_a_bootstrap_interval():
@@ -279,7 +281,7 @@ def test_calibrate_command_writes_priors_presets_and_where_they_came_from(tmp_pa
     presets.mkdir()
     shutil.copy(PRESET_DIR / "paper-80.json", presets / "paper-80.json")
     assert calibrate(["--prompts", str(prompts), "--offset", "1", "--limit", "2", "--max-new-tokens", "12",
-                      "--model", str(folder), "--write", "--presets", str(presets)]) == 0
+                      "--model", str(folder), "--write", str(presets)]) == 0
     data = json.loads((presets / "paper-80.json").read_text())
     assert data["calibration"]["offset"] == 1 and data["calibration"]["prompt_count"] == 3  # ids 2, 4, 5
     assert len(data["acceptance"]) == 80 and set(data["lookup_acceptance"]) == {"1", "2", "3", "4", "8", "16"}
@@ -311,24 +313,23 @@ def test_bench_reads_tr_against_prompt_lookup_and_refuses_bad_settings(tmp_path,
 
 
 def test_overlap_with_the_calibration_split_is_warned_about_only_on_spec_bench(tmp_path):
-    from tr_core.bench.__main__ import DEFAULT_PROMPTS, calibration_overlap
+    from tr_core.bench.data import calibration_overlap
     from tr_core.trees import PRESET_DIR
 
     record = json.loads((PRESET_DIR / "paper-80.json").read_text())["calibration"]
     lo, n = record["offset"], record["limit"]
-    assert calibration_overlap(DEFAULT_PROMPTS, 0, 10, False) is None  # the evaluation split
-    assert f"questions {lo + 1}-{lo + n}" in calibration_overlap(DEFAULT_PROMPTS, 0, lo + 1, False)
-    assert calibration_overlap(DEFAULT_PROMPTS, lo, 2, False)  # --split calib: the very prompts learnt on
+    assert calibration_overlap(SPEC_BENCH, 0, 10, False) is None  # the evaluation split
+    assert f"questions {lo + 1}-{lo + n}" in calibration_overlap(SPEC_BENCH, 0, lo + 1, False)
+    assert calibration_overlap(SPEC_BENCH, lo, 2, False)  # --split calib: the very prompts learnt on
     assert calibration_overlap(tmp_path / "mbpp" / "question.jsonl", 0, 20, False) is None  # another file
 
 
 def test_calibrate_refuses_to_write_priors_learnt_on_the_evaluation_split(capsys):
-    from tr_core.bench.__main__ import DEFAULT_PROMPTS
     from tr_core.bench.calibrate import main as calibrate
 
-    for args in (["--offset", "0", "--write"], ["--limit", "0"], ["--max-new-tokens", "0"]):
+    for args in (["--offset", "0", "--write", "presets"], ["--limit", "0"], ["--max-new-tokens", "0"]):
         with pytest.raises(SystemExit):
-            calibrate(["--prompts", str(DEFAULT_PROMPTS), *args])
+            calibrate(["--prompts", str(SPEC_BENCH), *args])
     assert "calibration split" in capsys.readouterr().err
 
 

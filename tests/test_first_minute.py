@@ -14,6 +14,7 @@ from components.session import PAGE_MAX_NODES, SHIPPED_MATRIX, Session, UserErro
 from tr_core import AdjacencyMatrix
 
 from .test_app import PROMPT, hub, settings  # noqa: F401  (fixture)
+from .conftest import SPEC_BENCH
 
 
 def page_session() -> Session:
@@ -260,10 +261,9 @@ def test_the_first_minute_command_reads_the_counters_of_a_fresh_tab(hub, capsys,
 
 def test_the_first_minute_leaves_out_what_a_calibration_command_read(capsys):
     from components.first_minute import calibration_reads, main
-    from tr_core.bench import __main__ as bench_cli
     from tr_core.bench.data import load_prompts
 
-    path = str(bench_cli.DEFAULT_PROMPTS)
+    path = str(SPEC_BENCH)
     read = calibration_reads(path)
     evaluation = {p.question_id for p in load_prompts(path, 10)}
     assert not read & evaluation  # the evaluation split stays measured in full
