@@ -153,8 +153,20 @@ def test_measured_cost_curve_covers_every_small_tree_size(tiny_lm):
     from tr_core.planner import COST_LENGTHS
 
     c = CostCurve.measure(tiny_lm, lengths=COST_LENGTHS[:20], repeats=1)
-    assert c.lengths[:16] == list(range(1, 17)) and all(s > 0 for s in c.seconds)
-    assert c.scale == 1.0 and c.per_cache >= 0.0
+    assert c.lengths == list(COST_LENGTHS[:20]) and c.lengths[:16] == list(range(1, 17))
+    assert len(c.seconds) == 20 and all(s > 0 for s in c.seconds) and c.prefix == 128
+
+
+def test_cache_parts_are_read_from_the_growth_between_two_cache_lengths():
+    # 1 and 16 query tokens over 128 and 512 cached tokens: per query token and cached token 0.5 ms
+    # (gamma), per cached token whatever the size 1 ms (delta)
+    gamma, delta, span = 0.0005, 0.001, 512 - 128
+    far = {1: 1.0 + span * (delta + gamma), 16: 2.0 + span * (delta + 16 * gamma)}
+    c = CostCurve.from_two_caches([1, 16], [1.0, 2.0], 128, far, 512)
+    assert c.per_cache == pytest.approx(gamma) and c.per_cache_fixed == pytest.approx(delta)
+    assert c.prefix == 128 and c.seconds == [1.0, 2.0]
+    flat = CostCurve.from_two_caches([1, 16], [1.0, 2.0], 128, {1: 1.0, 16: 2.0}, 512)
+    assert flat.per_cache == 0.0 and flat.per_cache_fixed == 0.0  # no growth, no cache part
 
 
 def test_lookup_continuation_is_cut_where_its_tokens_stop_paying(tiny_lm):
