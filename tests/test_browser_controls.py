@@ -1,12 +1,11 @@
 """Controls that never lose work, in a real browser (Debian's chromium via Playwright) at 1280x800:
 Teach frames that hide what is to come, Reset with a step in flight, Step on a replay, the history
-slider's last position (issue 23)."""
+slider's last position."""
 from __future__ import annotations
 
 import re
 
-from .test_app import hub, launched  # noqa: F401  (fixtures)
-from .test_browser_teaching import browser, open_page  # noqa: F401  (fixture)
+from .test_browser_teaching import open_page
 
 PROMPT = "List the days of the week, one per line, then the months of the year."
 

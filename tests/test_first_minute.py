@@ -1,5 +1,5 @@
 """A visitor's first minute without a browser: the shipped hot start and its cold contrast, Teach frames
-that hide what comes next, controls that say what they do (issue 23)."""
+that hide what comes next, controls that say what they do."""
 from __future__ import annotations
 
 import json
@@ -13,7 +13,7 @@ from components.run_files import EXAMPLE_DIR, example_runs, open_run_bytes
 from components.session import PAGE_MAX_NODES, SHIPPED_MATRIX, Session, UserError
 from tr_core import AdjacencyMatrix
 
-from .test_app import PROMPT, hub, settings  # noqa: F401  (fixture)
+from .test_app import PROMPT, settings
 from .conftest import SPEC_BENCH
 
 

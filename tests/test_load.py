@@ -15,7 +15,7 @@ from components.handlers import make_settings
 from components.session import SHIPPED_MATRIX, Session
 from tr_core.models import EMBEDDED_LABEL
 
-from .test_app import free_port
+from .conftest import free_port
 
 SESSIONS = int(os.environ.get("LOAD_SESSIONS", "8"))
 STEPS = int(os.environ.get("LOAD_STEPS", "8"))

@@ -233,7 +233,7 @@ def test_the_fixed_cache_part_counts_beyond_the_measured_prefix_only():
 
 
 # Two CPUs' cost curves (seconds of a forward by query tokens): one where extra tokens are dear (an
-# AVX2 machine measured in issue 22: 8 tokens cost 1.44x one), one where they are nearly free.
+# AVX2 CPU's measured curve: 8 tokens cost 1.44x one), one where they are nearly free.
 STEEP = CostCurve([1, 2, 4, 6, 8, 16, 32, 81], [0.059, 0.065, 0.066, 0.075, 0.085, 0.095, 0.131, 0.237])
 FLAT = CostCurve([1, 2, 4, 8, 16, 32, 81], [0.040, 0.041, 0.041, 0.042, 0.044, 0.047, 0.060])
 
