@@ -107,6 +107,7 @@ def test_an_aa_pair_outside_its_band_warns_that_the_machine_was_busy():
     assert "busy" in summary["warnings"][0] and "OUTSIDE" in format_table(summary)
 
 
+@pytest.mark.slow  # the command end to end
 def test_bench_command_writes_json_csv_and_chart(tmp_path, tiny_lm, capsys):
     folder = save_tiny(tiny_lm, tmp_path)
     f = tmp_path / "q.jsonl"
@@ -154,6 +155,7 @@ def test_bench_command_reports_bad_input(tmp_path, capsys):
     assert main(["--prompts", str(bad)]) == 2
 
 
+@pytest.mark.slow  # the command end to end
 def test_bench_runs_ptd_second_turns_and_sampling(tmp_path, tiny_lm, capsys):
     folder = save_tiny(tiny_lm, tmp_path)
     f = tmp_path / "q.jsonl"
@@ -184,6 +186,7 @@ def test_bench_runs_ptd_second_turns_and_sampling(tmp_path, tiny_lm, capsys):
     assert main([*common, "--methods", "tr", "--temperature", "0.5", "--top-p", "2"]) == 2
 
 
+@pytest.mark.slow  # the command end to end
 def test_gpu_bundle_travels_a_lossy_model_that_loads_and_benchmarks(tmp_path, tiny_lm, capsys):
     """`bundle make` on a model folder, `bundle unpack` into a standard folder, the bench on it."""
     import torch
@@ -267,6 +270,7 @@ def test_presets_grow_best_first_from_the_rates():
     assert grow_preset(u, rates, 4) == [[0], [1], [0, 0], [1, 0]]
 
 
+@pytest.mark.slow  # the command end to end
 def test_calibrate_command_writes_priors_presets_and_where_they_came_from(tmp_path, tiny_lm):
     import shutil
 
@@ -293,6 +297,7 @@ def test_calibrate_command_writes_priors_presets_and_where_they_came_from(tmp_pa
     assert lookup_prior("paper-80")
 
 
+@pytest.mark.slow  # the command end to end
 def test_bench_reads_tr_against_prompt_lookup_and_refuses_bad_settings(tmp_path, tiny_lm, capsys):
     folder = save_tiny(tiny_lm, tmp_path)
     f = tmp_path / "q.jsonl"
@@ -333,6 +338,7 @@ def test_calibrate_refuses_to_write_priors_learnt_on_the_evaluation_split(capsys
     assert "calibration split" in capsys.readouterr().err
 
 
+@pytest.mark.slow  # the command end to end
 def test_ablation_command_prints_one_row_per_addition_all_lossless(tmp_path, tiny_lm, capsys):
     from tr_core.bench.ablate import VARIANTS, main as ablate
 
@@ -349,6 +355,7 @@ def test_ablation_command_prints_one_row_per_addition_all_lossless(tmp_path, tin
     assert "MAT/fwd" in capsys.readouterr().out
 
 
+@pytest.mark.slow  # the command end to end
 def test_kernel_command_times_every_size_per_kernel(tmp_path, tiny_lm, capsys):
     from tr_core.bench.kernels import SIZES, main as kernels
 
