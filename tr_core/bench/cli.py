@@ -19,6 +19,7 @@ from .harness import parse_methods, run_benchmark
 from .peers import load_untouched, model_bytes, second_copy_fits
 from .report import format_table, summarize, write_chart, write_csv, write_json
 
+
 def run_meta(args, lm, specs, sampling, offset: int) -> dict:
     """What a report needs to be read and repeated: model, machine, versions, settings, kernels, trees."""
     import transformers
