@@ -14,6 +14,7 @@ import os
 import platform
 import threading
 import time
+import weakref
 from pathlib import Path
 
 import torch
@@ -90,13 +91,16 @@ def with_progress(work, report, every: float = 0.5):
     return box.get("out")
 
 
+_WARM: weakref.WeakSet = weakref.WeakSet()  # models whose forwards have run once at every size here
+
+
 def warm_kernels(lm) -> None:
     """Forwards of every size the cost curve covers (1-96 tokens; two rounds, over a short cache),
     once per loaded model: the kernels' first calls (oneDNN builds a primitive per shape) happen here,
     not in a visitor's first steps."""
-    if not lm.kernels_warm:
+    if lm.model not in _WARM:
         time_forwards(lm, COST_LENGTHS, prefix=32, repeats=1)
-        lm.kernels_warm = True
+        _WARM.add(lm.model)
 
 
 def warm_up(hub, progress, curve_on_gpu=None) -> str:
@@ -119,7 +123,8 @@ def warm_up(hub, progress, curve_on_gpu=None) -> str:
         with_progress(measure, lambda t: progress((1, 2), desc=f"Step 2 of 2: timing forwards of 1-96 tokens for "
                                                                f"the auto tree, once per model and device ({t:.0f} s so far)"))
         save_curve(lm)
-        lm.kernels_warm = not curve_on_gpu  # the curve's forwards ran every size here
+        if not curve_on_gpu:  # the curve's forwards ran every size here
+            _WARM.add(lm.model)
         timed = "timed just now, kept for restarts"
     how = f"the draft tree's size is planned from how long the model took on this machine ({timed})"
     progress((2, 2), desc="Ready")

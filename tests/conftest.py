@@ -1,7 +1,16 @@
-"""Fixtures: a tiny Llama built from a config (random weights, a few hundred KB) and the embedded model."""
+"""Fixtures: a tiny Llama built from a config (random weights, a few hundred KB), the embedded model,
+the app's model hub, a launched app and a browser.
+
+Markers (registered in pyproject.toml): ``browser`` is set here on every test of a ``test_browser*``
+module, ``slow`` on every test that runs the embedded model (it asks for ``embedded_lm``, directly
+or through ``hub`` or ``launched``) and on those marked so in their module.  The fast part alone:
+``python -m pytest -m "not slow and not browser"``."""
 from __future__ import annotations
 
 import os
+import shutil
+import socket
+from pathlib import Path
 
 import pytest
 import torch
@@ -14,6 +23,8 @@ TINY_VOCAB = 96
 # on a GPU host the suite still checks what it checks on a CPU.  The GPU has its own check:
 # ``python -m tr_core.bench.gpu_check``.
 DEVICE = os.environ.get("TR_TEST_DEVICE", "cpu")
+# This project's copy of Spec-Bench's questions (the commands take the path as --prompts).
+SPEC_BENCH = Path(__file__).resolve().parents[2] / "shared" / "data" / "spec_bench" / "question.jsonl"
 
 
 def make_tiny_tokenizer():
@@ -78,3 +89,56 @@ def decode_losslessly(lm, make, prompts, max_new_tokens: int) -> list:
         assert dec.generate(ids) == reference_greedy(lm, ids, max_new_tokens), f"mismatch on {ids}"
         decoders.append(dec)
     return decoders
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.module.__name__.rsplit(".", 1)[-1].startswith("test_browser"):
+            item.add_marker(pytest.mark.browser)
+        if "embedded_lm" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.slow)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def hub(embedded_lm):
+    """The app's model hub, holding the embedded model (loaded once for the whole run)."""
+    from components.model_hub import ModelHub
+
+    return ModelHub(loaded={"embedded": embedded_lm})
+
+
+@pytest.fixture(scope="session")
+def launched(hub):
+    """The app on ``hub``, served on a free local port for the whole run: ``(demo, url)``.  Each
+    browser tab or client is its own session, so tests do not see one another's state."""
+    from app import build_app, serve
+
+    demo = build_app(hub)
+    port = free_port()
+    serve(demo, "127.0.0.1", port, prevent_thread_lock=True, quiet=True)
+    yield demo, f"http://127.0.0.1:{port}/"
+    demo.close()
+
+
+BROWSER_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+                "--no-first-run"]
+
+
+@pytest.fixture(scope="session")
+def browser():
+    """Debian's chromium through Playwright (skipped where it is not installed)."""
+    chromium = shutil.which("chromium")
+    if chromium is None:
+        pytest.skip("Debian's chromium is not installed (.ci/run installs it)")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=chromium, args=BROWSER_ARGS)
+        yield b
+        b.close()

@@ -1,8 +1,6 @@
 """The app: the session logic called directly, the launched app through gradio_client, the panels."""
 from __future__ import annotations
 
-import socket
-
 import pytest
 import torch
 
@@ -11,12 +9,9 @@ from components.session import Session, Settings, UserError
 from tr_core import AdjacencyMatrix
 from tr_core.models import EMBEDDED_LABEL
 
+from .conftest import free_port
+
 PROMPT = "List three colours of the rainbow."
-
-
-@pytest.fixture(scope="module")
-def hub(embedded_lm):
-    return ModelHub(loaded={"embedded": embedded_lm})
 
 
 def settings(**kw) -> Settings:
@@ -168,23 +163,6 @@ def test_matrix_save_load_and_foreign_file(hub, embedded_lm, tmp_path):
     (tmp_path / "junk.safetensors").write_bytes(b"junk")
     with pytest.raises(UserError, match="corrupt"):
         sess.load_matrix(hub, str(tmp_path / "junk.safetensors"), settings())
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture(scope="module")
-def launched(hub):
-    from app import build_app, serve
-
-    demo = build_app(hub)
-    port = free_port()
-    serve(demo, "127.0.0.1", port, prevent_thread_lock=True, quiet=True)
-    yield demo, f"http://127.0.0.1:{port}/"
-    demo.close()
 
 
 def test_launched_app_through_gradio_client(launched):

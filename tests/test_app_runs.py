@@ -12,7 +12,7 @@ from components.run_files import EXAMPLE_DIR, example_runs, open_run_bytes, run_
 from components.session import Session, UserError
 from tr_core.runs import RunFileError, read_run, record_run
 
-from .test_app import PROMPT, hub, settings  # noqa: F401  (fixture)
+from .test_app import PROMPT, settings
 
 
 def stepped(hub, n=3, **kw) -> Session:  # noqa: F811

@@ -3,8 +3,10 @@ import pytest
 import csv
 import json
 
-from tr_core.bench.__main__ import main
+from tr_core.bench.cli import main
 from tr_core.bench.data import load_prompts
+
+from .conftest import SPEC_BENCH
 
 
 def write_prompts(path):
@@ -58,9 +60,9 @@ def test_method_order_balances_places_and_predecessors(m):
 
 
 def fake_runs(method, seconds, tokens=10, category="qa"):
-    from tr_core.bench.harness import Run
+    from tr_core.bench.harness import TimedRun
 
-    return [Run(method, str(i), category, tokens, s, tokens, True) for i, s in enumerate(seconds)]
+    return [TimedRun(method, str(i), category, tokens, s, tokens, True) for i, s in enumerate(seconds)]
 
 
 def test_speedup_is_over_the_fastest_greedy_with_a_bootstrap_interval():
@@ -105,6 +107,7 @@ def test_an_aa_pair_outside_its_band_warns_that_the_machine_was_busy():
     assert "busy" in summary["warnings"][0] and "OUTSIDE" in format_table(summary)
 
 
+@pytest.mark.slow  # the command end to end
 def test_bench_command_writes_json_csv_and_chart(tmp_path, tiny_lm, capsys):
     folder = save_tiny(tiny_lm, tmp_path)
     f = tmp_path / "q.jsonl"
@@ -152,6 +155,7 @@ def test_bench_command_reports_bad_input(tmp_path, capsys):
     assert main(["--prompts", str(bad)]) == 2
 
 
+@pytest.mark.slow  # the command end to end
 def test_bench_runs_ptd_second_turns_and_sampling(tmp_path, tiny_lm, capsys):
     folder = save_tiny(tiny_lm, tmp_path)
     f = tmp_path / "q.jsonl"
@@ -182,6 +186,7 @@ def test_bench_runs_ptd_second_turns_and_sampling(tmp_path, tiny_lm, capsys):
     assert main([*common, "--methods", "tr", "--temperature", "0.5", "--top-p", "2"]) == 2
 
 
+@pytest.mark.slow  # the command end to end
 def test_gpu_bundle_travels_a_lossy_model_that_loads_and_benchmarks(tmp_path, tiny_lm, capsys):
     """`bundle make` on a model folder, `bundle unpack` into a standard folder, the bench on it."""
     import torch
@@ -265,6 +270,7 @@ def test_presets_grow_best_first_from_the_rates():
     assert grow_preset(u, rates, 4) == [[0], [1], [0, 0], [1, 0]]
 
 
+@pytest.mark.slow  # the command end to end
 def test_calibrate_command_writes_priors_presets_and_where_they_came_from(tmp_path, tiny_lm):
     import shutil
 
@@ -279,7 +285,7 @@ def test_calibrate_command_writes_priors_presets_and_where_they_came_from(tmp_pa
     presets.mkdir()
     shutil.copy(PRESET_DIR / "paper-80.json", presets / "paper-80.json")
     assert calibrate(["--prompts", str(prompts), "--offset", "1", "--limit", "2", "--max-new-tokens", "12",
-                      "--model", str(folder), "--write", "--presets", str(presets)]) == 0
+                      "--model", str(folder), "--write", str(presets)]) == 0
     data = json.loads((presets / "paper-80.json").read_text())
     assert data["calibration"]["offset"] == 1 and data["calibration"]["prompt_count"] == 3  # ids 2, 4, 5
     assert len(data["acceptance"]) == 80 and set(data["lookup_acceptance"]) == {"1", "2", "3", "4", "8", "16"}
@@ -291,6 +297,7 @@ def test_calibrate_command_writes_priors_presets_and_where_they_came_from(tmp_pa
     assert lookup_prior("paper-80")
 
 
+@pytest.mark.slow  # the command end to end
 def test_bench_reads_tr_against_prompt_lookup_and_refuses_bad_settings(tmp_path, tiny_lm, capsys):
     folder = save_tiny(tiny_lm, tmp_path)
     f = tmp_path / "q.jsonl"
@@ -311,27 +318,27 @@ def test_bench_reads_tr_against_prompt_lookup_and_refuses_bad_settings(tmp_path,
 
 
 def test_overlap_with_the_calibration_split_is_warned_about_only_on_spec_bench(tmp_path):
-    from tr_core.bench.__main__ import DEFAULT_PROMPTS, calibration_overlap
+    from tr_core.bench.data import calibration_overlap
     from tr_core.trees import PRESET_DIR
 
     record = json.loads((PRESET_DIR / "paper-80.json").read_text())["calibration"]
     lo, n = record["offset"], record["limit"]
-    assert calibration_overlap(DEFAULT_PROMPTS, 0, 10, False) is None  # the evaluation split
-    assert f"questions {lo + 1}-{lo + n}" in calibration_overlap(DEFAULT_PROMPTS, 0, lo + 1, False)
-    assert calibration_overlap(DEFAULT_PROMPTS, lo, 2, False)  # --split calib: the very prompts learnt on
+    assert calibration_overlap(SPEC_BENCH, 0, 10, False) is None  # the evaluation split
+    assert f"questions {lo + 1}-{lo + n}" in calibration_overlap(SPEC_BENCH, 0, lo + 1, False)
+    assert calibration_overlap(SPEC_BENCH, lo, 2, False)  # --split calib: the very prompts learnt on
     assert calibration_overlap(tmp_path / "mbpp" / "question.jsonl", 0, 20, False) is None  # another file
 
 
 def test_calibrate_refuses_to_write_priors_learnt_on_the_evaluation_split(capsys):
-    from tr_core.bench.__main__ import DEFAULT_PROMPTS
     from tr_core.bench.calibrate import main as calibrate
 
-    for args in (["--offset", "0", "--write"], ["--limit", "0"], ["--max-new-tokens", "0"]):
+    for args in (["--offset", "0", "--write", "presets"], ["--limit", "0"], ["--max-new-tokens", "0"]):
         with pytest.raises(SystemExit):
-            calibrate(["--prompts", str(DEFAULT_PROMPTS), *args])
+            calibrate(["--prompts", str(SPEC_BENCH), *args])
     assert "calibration split" in capsys.readouterr().err
 
 
+@pytest.mark.slow  # the command end to end
 def test_ablation_command_prints_one_row_per_addition_all_lossless(tmp_path, tiny_lm, capsys):
     from tr_core.bench.ablate import VARIANTS, main as ablate
 
@@ -348,6 +355,7 @@ def test_ablation_command_prints_one_row_per_addition_all_lossless(tmp_path, tin
     assert "MAT/fwd" in capsys.readouterr().out
 
 
+@pytest.mark.slow  # the command end to end
 def test_kernel_command_times_every_size_per_kernel(tmp_path, tiny_lm, capsys):
     from tr_core.bench.kernels import SIZES, main as kernels
 

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from .test_app import hub, launched  # noqa: F401  (fixtures)
 
 PROMPT = "List the days of the week, one per line, then list them again in reverse order."
 
@@ -93,7 +92,7 @@ def test_closed_tab_mid_run_frees_its_session_and_the_server_goes_on(hub):  # no
     from app import build_app, serve
 
     from .test_app import PROMPT as SHORT
-    from .test_app import free_port
+    from .conftest import free_port
 
     chromium = shutil.which("chromium")
     if chromium is None:

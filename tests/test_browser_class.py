@@ -1,4 +1,4 @@
-"""A class on one server: 8 tabs pressing Step while a ninth runs to the end (issue 23).
+"""A class on one server: 8 tabs pressing Step while a ninth runs to the end.
 
 Run to end takes one queued event per step, so every tab's Step is served between two of the
 running tab's steps: none waits for the whole run.  ``python -m tests.test_browser_class`` launches
@@ -11,7 +11,6 @@ import time
 
 import pytest
 
-from .test_app import hub, launched  # noqa: F401  (fixtures)
 
 RUNNER = "Write the numbers from one to forty in words, one per line."
 PROMPTS = ["Name three colours and say why you like each one.", "Describe a cat in two sentences.",
@@ -90,7 +89,7 @@ if __name__ == "__main__":
     from app import build_app, serve
     from components.model_hub import ModelHub
 
-    from .test_app import free_port
+    from .conftest import free_port
 
     demo = build_app(ModelHub())
     port = free_port()

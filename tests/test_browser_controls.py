@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import re
 
-from .test_app import hub, launched  # noqa: F401  (fixtures)
-from .test_browser_teaching import browser, open_page  # noqa: F401  (fixture)
+from .test_browser_teaching import open_page
 
 PROMPT = "List the days of the week, one per line, then the months of the year."
 

@@ -1,31 +1,13 @@
-"""The teaching instrument in a real browser (Debian's chromium via Playwright) at 1280x800: items 1-10
-of issue 16.  One app server for the module, few model steps."""
+"""The teaching instrument in a real browser (Debian's chromium via Playwright) at 1280x800.  One app
+server for the run, few model steps."""
 from __future__ import annotations
 
 import json
 import re
-import shutil
 
-import pytest
-
-from .test_app import free_port, hub, launched  # noqa: F401  (fixtures)
+from .conftest import free_port
 
 PROMPT = "List the days of the week, one per line."
-ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-        "--no-first-run"]
-
-
-@pytest.fixture(scope="module")
-def browser():
-    chromium = shutil.which("chromium")
-    if chromium is None:
-        pytest.skip("Debian's chromium is not installed (.ci/run installs it)")
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=chromium, args=ARGS)
-        yield b
-        b.close()
 
 
 def open_page(browser, url, width=1280, height=800):

@@ -201,7 +201,7 @@ def test_a_released_kv_cache_is_rebuilt_and_the_output_stays_greedy(tiny_lm):
 def test_the_bench_uses_one_copy_where_a_second_does_not_fit(monkeypatch, tiny_lm):
     import dataclasses
 
-    import tr_core.bench.__main__ as bench
+    import tr_core.bench.peers as bench
 
     gpu = dataclasses.replace(tiny_lm, device=torch.device("cuda", 0))
     size = bench.model_bytes(gpu)

@@ -1,5 +1,5 @@
 """A visitor's first minute without a browser: the shipped hot start and its cold contrast, Teach frames
-that hide what comes next, controls that say what they do (issue 23)."""
+that hide what comes next, controls that say what they do."""
 from __future__ import annotations
 
 import json
@@ -13,7 +13,8 @@ from components.run_files import EXAMPLE_DIR, example_runs, open_run_bytes
 from components.session import PAGE_MAX_NODES, SHIPPED_MATRIX, Session, UserError
 from tr_core import AdjacencyMatrix
 
-from .test_app import PROMPT, hub, settings  # noqa: F401  (fixture)
+from .test_app import PROMPT, settings
+from .conftest import SPEC_BENCH
 
 
 def page_session() -> Session:
@@ -271,10 +272,9 @@ def test_the_first_minute_command_reads_the_counters_of_a_fresh_tab(hub, capsys,
 
 def test_the_first_minute_leaves_out_what_a_calibration_command_read(capsys):
     from components.first_minute import calibration_reads, main
-    from tr_core.bench import __main__ as bench_cli
     from tr_core.bench.data import load_prompts
 
-    path = str(bench_cli.DEFAULT_PROMPTS)
+    path = str(SPEC_BENCH)
     read = calibration_reads(path)
     evaluation = {p.question_id for p in load_prompts(path, 10)}
     assert not read & evaluation  # the evaluation split stays measured in full

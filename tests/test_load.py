@@ -1,7 +1,6 @@
 """Load: several gradio_client sessions step concurrently (loopback only); each gets what it would alone.
 
-Size by ``LOAD_SESSIONS`` and ``LOAD_STEPS`` (CI: 8 x 8, which keeps the suite well under 15 minutes on
-2 cores; the figures in the README are 8 x 50).
+Size by ``LOAD_SESSIONS`` and ``LOAD_STEPS`` (default 8 x 8; ``LOAD_STEPS=50`` for a longer run).
 """
 from __future__ import annotations
 
@@ -15,7 +14,9 @@ from components.handlers import make_settings
 from components.session import SHIPPED_MATRIX, Session
 from tr_core.models import EMBEDDED_LABEL
 
-from .test_app import free_port
+from .conftest import free_port
+
+pytestmark = pytest.mark.slow
 
 SESSIONS = int(os.environ.get("LOAD_SESSIONS", "8"))
 STEPS = int(os.environ.get("LOAD_STEPS", "8"))
@@ -108,13 +109,15 @@ def test_concurrent_sessions_are_isolated_and_memory_is_stable(embedded_lm):
         warm.close()
         wait_freed(1)
         before = rss_mb()
-        rounds = []
+        rounds, expected = [], {}
         for r in range(2):
             texts, errors, live = one_round()
             assert not errors, errors
             assert len(texts) == SESSIONS
             for i in range(SESSIONS):
-                assert texts[i] == alone(hub, i), f"round {r + 1}: session {i} saw something other than alone"
+                if i not in expected:  # what a session shows alone does not change between rounds
+                    expected[i] = alone(hub, i)
+                assert texts[i] == expected[i], f"round {r + 1}: session {i} saw something other than alone"
             wait_freed(1 + SESSIONS * (r + 1))
             assert all(s.closed and s.race is None and s.matrix is None for s in freed)
             rounds.append((live, rss_mb()))

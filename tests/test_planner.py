@@ -153,8 +153,20 @@ def test_measured_cost_curve_covers_every_small_tree_size(tiny_lm):
     from tr_core.planner import COST_LENGTHS
 
     c = CostCurve.measure(tiny_lm, lengths=COST_LENGTHS[:20], repeats=1)
-    assert c.lengths[:16] == list(range(1, 17)) and all(s > 0 for s in c.seconds)
-    assert c.scale == 1.0 and c.per_cache >= 0.0
+    assert c.lengths == list(COST_LENGTHS[:20]) and c.lengths[:16] == list(range(1, 17))
+    assert len(c.seconds) == 20 and all(s > 0 for s in c.seconds) and c.prefix == 128
+
+
+def test_cache_parts_are_read_from_the_growth_between_two_cache_lengths():
+    # 1 and 16 query tokens over 128 and 512 cached tokens: per query token and cached token 0.5 ms
+    # (gamma), per cached token whatever the size 1 ms (delta)
+    gamma, delta, span = 0.0005, 0.001, 512 - 128
+    far = {1: 1.0 + span * (delta + gamma), 16: 2.0 + span * (delta + 16 * gamma)}
+    c = CostCurve.from_two_caches([1, 16], [1.0, 2.0], 128, far, 512)
+    assert c.per_cache == pytest.approx(gamma) and c.per_cache_fixed == pytest.approx(delta)
+    assert c.prefix == 128 and c.seconds == [1.0, 2.0]
+    flat = CostCurve.from_two_caches([1, 16], [1.0, 2.0], 128, {1: 1.0, 16: 2.0}, 512)
+    assert flat.per_cache == 0.0 and flat.per_cache_fixed == 0.0  # no growth, no cache part
 
 
 def test_lookup_continuation_is_cut_where_its_tokens_stop_paying(tiny_lm):
@@ -221,7 +233,7 @@ def test_the_fixed_cache_part_counts_beyond_the_measured_prefix_only():
 
 
 # Two CPUs' cost curves (seconds of a forward by query tokens): one where extra tokens are dear (an
-# AVX2 machine measured in issue 22: 8 tokens cost 1.44x one), one where they are nearly free.
+# AVX2 CPU's measured curve: 8 tokens cost 1.44x one), one where they are nearly free.
 STEEP = CostCurve([1, 2, 4, 6, 8, 16, 32, 81], [0.059, 0.065, 0.066, 0.075, 0.085, 0.095, 0.131, 0.237])
 FLAT = CostCurve([1, 2, 4, 8, 16, 32, 81], [0.040, 0.041, 0.041, 0.042, 0.044, 0.047, 0.060])
 

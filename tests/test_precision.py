@@ -64,6 +64,7 @@ def bf16_lm():
     return load_model(device=DEVICE, dtype="bfloat16")
 
 
+@pytest.mark.slow
 def test_bf16_divergences_on_the_embedded_model_are_near_ties(bf16_lm):
     lm, found = bf16_lm, []
     # Where forwards round apart depends on the CPU's kernels: tr-24's 25-token forwards first (a third of

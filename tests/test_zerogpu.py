@@ -71,7 +71,7 @@ def test_the_app_under_a_forking_zerogpu_loads_once_and_steps_runs_and_compares(
     from tr_core.cost import CostCurve
     from tr_core.models import EMBEDDED_LABEL
 
-    from .test_app import free_port
+    from .conftest import free_port
     from .zerogpu_standin import module
 
     spaces = module()

@@ -45,7 +45,6 @@ class LoadedModel:
     max_context: int
     cache_arg: str = "cache"  # the forward's name for the KV cache ("cache" or "past_key_values")
     cost_curve: object = None  # forward seconds by query length, measured once (planner.cost_curve_for)
-    kernels_warm: bool = False  # every forward size has run once here (components.startup.warm_kernels)
     prepacked: int = 0  # linear layers swapped for oneDNN pre-packed ones (tr_core.prepack), CPU only
     dtype_reason: str = ""  # why this dtype, in words (tr_core.devices.pick_dtype)
     layout: AttentionLayout = field(default_factory=lambda: AttentionLayout({"full_attention": None}))

@@ -23,11 +23,11 @@ there, and reported on the evaluation split (``--split eval``).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from dataclasses import dataclass
 
-from .data import SPLITS, load_prompts
+from .data import PROMPTS_HELP, SPLITS, load_prompts
+from .report import write_json
 
 _OURS = dict(drop_blank=True, verified_rows=True, retrieval="suffix")
 VARIANTS = (
@@ -93,14 +93,13 @@ def format_rows(rows: list[Row]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from . import __main__ as bench_cli
     from ..decoders import GreedyDecoder
     from ..devices import cpu_info
     from ..models import ModelLoadError, load_model
 
     ap = argparse.ArgumentParser(prog="python -m tr_core.bench.ablate", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--prompts", default=str(bench_cli.DEFAULT_PROMPTS))
+    ap.add_argument("--prompts", required=True, help=PROMPTS_HELP)
     ap.add_argument("--split", choices=sorted(SPLITS), default="calib")
     ap.add_argument("--limit", type=int, default=3, help="prompts per category")
     ap.add_argument("--max-new-tokens", type=int, default=128)
@@ -136,10 +135,9 @@ def main(argv: list[str] | None = None) -> int:
           f"{args.max_new_tokens} tokens; CPU {cpu_info().get('model', '?')}")
     print(format_rows(rows))
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"tree": args.tree, "lookup": args.lookup, "split": args.split, "limit": args.limit,
-                       "max_new_tokens": args.max_new_tokens, "model": lm.name,
-                       "rows": [r.to_json() for r in rows]}, f, indent=2)
+        write_json({"tree": args.tree, "lookup": args.lookup, "split": args.split, "limit": args.limit,
+                    "max_new_tokens": args.max_new_tokens, "model": lm.name,
+                    "rows": [r.to_json() for r in rows]}, args.json, "python -m tr_core.bench.ablate", argv)
     return 0 if all(r.identical == r.prompts for r in rows) else 1
 
 

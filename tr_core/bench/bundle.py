@@ -28,6 +28,8 @@ from pathlib import Path
 
 import torch
 
+from .data import PROMPTS_HELP
+
 STEP = 0.45  # grid step of a matrix row, in units of the row's standard deviation
 EMBED_STEP = 0.35
 WEIGHTS = "weights.safetensors.xz"
@@ -159,15 +161,13 @@ def plain_config(path: Path, dtype: str | None = None) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from . import __main__ as bench_cli
-
     ap = argparse.ArgumentParser(prog="python -m tr_core.bench.bundle", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
     mk = sub.add_parser("make", help="write a bundle folder (here, with the embedded model)")
     mk.add_argument("out")
     mk.add_argument("--model", default=None, help="default: the embedded model")
-    mk.add_argument("--prompts", default=str(bench_cli.DEFAULT_PROMPTS))
+    mk.add_argument("--prompts", required=True, help=PROMPTS_HELP)
     mk.add_argument("--per-category", type=int, default=10, help="prompts kept per category")
     un = sub.add_parser("unpack", help="rebuild a Hugging Face model folder from a bundle")
     un.add_argument("bundle")

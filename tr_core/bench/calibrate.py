@@ -16,8 +16,9 @@ category, ``--offset 10``; the bench reports the first 10, ``--split eval``):
   not (``cold``), from the retrieval (``lookup_longest``) replayed on the greedy outputs (lossless, so TR's outputs
   are greedy's).  ``--only lookup`` re-derives this one alone, from greedy decoding.
 
-``--write`` stores them in ``tr_core/tree_presets`` with the command and split in each file's
-``"calibration"`` entry; without it the results are printed only.
+``--write DIR`` stores them in the preset folder ``DIR`` (the one this package ships and reads is
+``tr_core/tree_presets``) with the command and split in each file's ``"calibration"`` entry; without
+it the results are printed only.
 """
 from __future__ import annotations
 
@@ -28,8 +29,8 @@ from pathlib import Path
 
 from ..lookup import MATCH_BUCKETS, lookup_longest, match_bucket
 from ..planner import is_hot
-from ..trees import PRESET_DIR, TreeShape, load_tree
-from .data import EVAL_PER_CATEGORY, SPLITS, load_prompts
+from ..trees import TreeShape, load_tree
+from .data import EVAL_PER_CATEGORY, PROMPTS_HELP, SPLITS, is_spec_bench, load_prompts
 
 PRESET_SIZES = (8, 10, 16, 20, 24, 40, 56)  # 56 + a 24-token lookup: the paper's budget of 80 draft nodes
 LOOKUP_SPAN = 24  # continuation positions a lookup prior covers
@@ -156,25 +157,24 @@ def write_lookup_prior(universe_file: Path, lookup: dict, provenance: dict) -> N
 
 
 def main(argv: list[str] | None = None) -> int:
-    from . import __main__ as bench_cli
     from ..models import ModelLoadError, load_model
 
     ap = argparse.ArgumentParser(prog="python -m tr_core.bench.calibrate", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--prompts", default=str(bench_cli.DEFAULT_PROMPTS))
+    ap.add_argument("--prompts", required=True, help=PROMPTS_HELP)
     ap.add_argument("--offset", type=int, default=SPLITS["calib"],
                     help="skip the first N of each category (default: the evaluation split's 10)")
     ap.add_argument("--limit", type=int, default=5, help="prompts per category")
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--model", default=None)
-    ap.add_argument("--write", action="store_true", help="store the results in tr_core/tree_presets")
+    ap.add_argument("--write", default=None, metavar="DIR",
+                    help="store the results in this preset folder (the package's own: tr_core/tree_presets)")
     ap.add_argument("--only", choices=("all", "lookup"), default="all",
                     help="lookup: re-derive only the prompt-lookup prior (from greedy decoding; quicker)")
-    ap.add_argument("--presets", default=str(PRESET_DIR), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.limit < 1 or args.max_new_tokens < 1 or args.offset < 0:
         ap.error("--limit and --max-new-tokens must be at least 1, --offset at least 0")
-    if args.write and args.offset < EVAL_PER_CATEGORY and bench_cli.is_default_prompts(args.prompts):
+    if args.write and args.offset < EVAL_PER_CATEGORY and is_spec_bench(args.prompts):
         ap.error(f"--write learns only from the calibration split: use --offset {EVAL_PER_CATEGORY} or more "
                  f"(the first {EVAL_PER_CATEGORY} questions of each category are what the bench reports)")
     try:
@@ -190,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     provenance = {"command": command.strip(), "prompts": Path(args.prompts).name, "offset": args.offset,
                   "limit": args.limit, "prompt_count": len(prompts), "max_new_tokens": args.max_new_tokens,
                   "model": lm.name, "dtype": "float32"}
-    folder = Path(args.presets)
+    folder = Path(args.write) if args.write else None
     if args.only == "lookup":
         lookup = lookup_acceptance(ids, greedy_outputs(lm, ids, args.max_new_tokens))
         print(json.dumps({"provenance": provenance, "lookup_hot_3": lookup["3"]["hot"][:8],

@@ -55,3 +55,32 @@ def load_prompts(path: str | Path, limit: int | None = None, group: bool = True,
                 continue
             out.append(BenchPrompt(str(row.get("question_id", n)), cat, text, turns))
     return out
+
+
+PROMPTS_HELP = ("Spec-Bench-format JSONL, one question a line (Spec-Bench's data/spec_bench/question.jsonl "
+                "for the reported figures)")
+
+
+def is_spec_bench(path) -> bool:
+    """Whether ``path`` is Spec-Bench's question file (in a folder named ``spec_bench``), the file the
+    evaluation and calibration splits are defined on."""
+    return Path(path).expanduser().parent.name == "spec_bench"
+
+
+def calibration_overlap(prompts, offset: int, limit: int, no_group: bool) -> str | None:
+    """A warning when the prompts picked include those the shipped priors were learnt on (read from
+    the ``"calibration"`` record ``python -m tr_core.bench.calibrate --write`` left in the presets)."""
+    from ..trees import preset_data
+
+    if not is_spec_bench(prompts):
+        return None
+    try:
+        record = preset_data("paper-80").get("calibration") or {}
+        lo, n = int(record["offset"]), int(record["limit"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if no_group or (offset < lo + n and lo < offset + limit):
+        return (f"these prompts include questions {lo + 1}-{lo + n} of a category (or, with --no-group, may), "
+                "which the shipped priors and presets were learnt on (python -m tr_core.bench.calibrate): "
+                "figures from them are optimistic; --split eval reports the others.")
+    return None

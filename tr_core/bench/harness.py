@@ -32,7 +32,9 @@ class MethodSpec:
 
 
 @dataclass
-class Run:
+class TimedRun:
+    """One method's timed decode of one prompt (one turn), and how its output compares with greedy's."""
+
     method: str
     question_id: str
     category: str
@@ -239,7 +241,7 @@ def warm_up(lm: LoadedModel, prompts: list[BenchPrompt], specs: list[MethodSpec]
 
 
 def run_turn(lm: LoadedModel, prompt: BenchPrompt, turn: int, ids: list[int], specs: list[MethodSpec],
-             max_new_tokens: int, compare: bool) -> tuple[list[Run], list[int]]:
+             max_new_tokens: int, compare: bool) -> tuple[list[TimedRun], list[int]]:
     """Every method of ``specs`` once on ``ids``, in that order; outputs compared with the baseline's
     (``greedy``, else ``sample``, else the first spec's).  Returns the runs and the baseline's output."""
     outputs, decoders, runs = {}, {}, []
@@ -251,7 +253,7 @@ def run_turn(lm: LoadedModel, prompt: BenchPrompt, turn: int, ids: list[int], sp
         for s in dec.steps:
             for k, v in s.timings.items():
                 phases[k] = phases.get(k, 0.0) + v
-        runs.append(Run(spec.name, prompt.question_id, prompt.category, len(out), secs, len(dec.steps), None,
+        runs.append(TimedRun(spec.name, prompt.question_id, prompt.category, len(out), secs, len(dec.steps), None,
                         None, sum(s.forward_tokens for s in dec.steps), phases, turn, place=place))
     reference = next((outputs[b] for b in BASELINES if b in outputs), outputs[specs[0].name])
     for r in runs:
@@ -267,7 +269,7 @@ BASELINES = ("greedy", "sample")
 
 
 def run_benchmark(lm: LoadedModel, prompts: list[BenchPrompt], specs: list[MethodSpec], max_new_tokens: int,
-                  warmup: int = 1, progress: bool = True, turns: int = 1, compare: bool = True) -> list[Run]:
+                  warmup: int = 1, progress: bool = True, turns: int = 1, compare: bool = True) -> list[TimedRun]:
     """All methods on each prompt, prompt by prompt, the order changing from prompt to prompt
     (a Williams design, :func:`rotated`).
 
@@ -278,7 +280,7 @@ def run_benchmark(lm: LoadedModel, prompts: list[BenchPrompt], specs: list[Metho
     baseline's answer to it, so every method sees the same conversation.
     """
     warm_up(lm, prompts[:warmup], specs, max_new_tokens)
-    runs: list[Run] = []
+    runs: list[TimedRun] = []
     iterator = prompts
     try:
         from tqdm import tqdm

@@ -16,7 +16,6 @@ It prints milliseconds and the ratio to 1 token per size, with the CPU, and ``--
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 
@@ -126,9 +125,10 @@ def main(argv: list[str] | None = None) -> int:
     for name, note in notes.items():
         print(f"note: {name}: {note}")
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"model": lm.name, "cpu": info, "sizes": sizes, "seconds": rows, "notes": notes,
-                       "fastest": fastest, "kernels_by_rows": _choice_dict(lm)}, f, indent=2)
+        from .report import write_json
+
+        write_json({"model": lm.name, "cpu": info, "sizes": sizes, "seconds": rows, "notes": notes,
+                    "fastest": fastest, "kernels_by_rows": _choice_dict(lm)}, args.json, "python -m tr_core.bench.kernels", argv)
     return 0
 
 

@@ -7,7 +7,19 @@ from __future__ import annotations
 
 import torch
 
+from ..devices import free_memory
 from ..models import LoadedModel, greedy_generation_config, wrap_model
+
+
+def model_bytes(lm) -> int:
+    return sum(p.numel() * p.element_size() for p in lm.model.parameters())
+
+
+def second_copy_fits(lm, share: float = 0.8) -> bool:
+    """Whether an untouched second copy of ``lm`` fits beside it (on a GPU: within ``share`` of what is
+    free now; on a CPU it is host memory, assumed to fit)."""
+    free = free_memory(lm.device)
+    return lm.device.type != "cuda" or (free is not None and model_bytes(lm) <= share * free)
 
 
 def load_untouched(spec: str | None, device: torch.device, dtype: torch.dtype) -> LoadedModel:

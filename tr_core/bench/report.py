@@ -2,7 +2,13 @@
 bootstrap interval over prompts, identical fraction, and the A/A check of the timing."""
 from __future__ import annotations
 
+import json
+import shlex
+import subprocess
+import sys
 from collections import Counter, defaultdict
+from datetime import datetime, timezone
+from pathlib import Path
 
 
 AA_BAND = 0.03  # the A/A row must read 1.00x within this, or the machine was busy during the run
@@ -254,3 +260,48 @@ def format_table(summary: dict) -> str:
         if "pair_rows_bytes" in meta:
             lines += [f"pair rows beside it: {meta['pair_rows_bytes'] / 2**20:.2f} MiB, whatever the vocabulary"]
     return "\n".join(lines)
+
+
+def source_commit() -> str:
+    """The git commit of the checkout ``tr_core`` runs from, ``+dirty`` with uncommitted changes;
+    ``"unknown"`` for an installed copy (no git checkout around it) or without git."""
+    here = Path(__file__).resolve().parent
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-C", str(here), *args], capture_output=True, text=True, check=True,
+                              timeout=10).stdout.strip()
+
+    try:
+        commit = git("rev-parse", "HEAD")
+        dirty = git("status", "--porcelain", "--untracked-files=no")
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return commit + ("+dirty" if dirty else "")
+
+
+def cpu_words(cpu: dict | None) -> str:
+    """A CPU in a few words, from :func:`tr_core.devices.cpu_info`: "AMD EPYC (AVX2, 2 cores)"."""
+    if not cpu:
+        return "not recorded"
+    isa = {"AVX512": "AVX-512"}.get(cpu.get("torch_isa"), cpu.get("torch_isa") or "ISA unknown")
+    return f"{cpu.get('model') or 'unknown CPU'} ({isa}, {cpu.get('cores', '?')} cores)"
+
+
+def provenance(prog: str, argv: list[str] | None = None) -> dict:
+    """What a result file records of how it was made: the commit, the CPU, the date (UTC), the command
+    (``prog`` and its arguments: ``argv``, else this process's), and the torch and transformers versions."""
+    import torch
+    import transformers
+
+    from ..devices import cpu_info
+
+    args = sys.argv[1:] if argv is None else argv
+    return {"commit": source_commit(), "cpu": cpu_words(cpu_info()),
+            "date": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%MZ"),
+            "command": " ".join([prog, *map(shlex.quote, args)]),
+            "torch": torch.__version__, "transformers": transformers.__version__}
+
+
+def write_json(result: dict, path, prog: str, argv: list[str] | None = None) -> None:
+    """Write a result file with its ``provenance`` (:func:`provenance`)."""
+    Path(path).write_text(json.dumps({**result, "provenance": provenance(prog, argv)}, indent=2) + "\n")
