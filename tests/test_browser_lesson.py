@@ -8,8 +8,8 @@ import threading
 
 import pytest
 
-from .test_app import free_port, hub, launched  # noqa: F401  (fixtures)
-from .test_browser_teaching import browser, open_page  # noqa: F401  (fixture)
+from .conftest import free_port
+from .test_browser_teaching import open_page
 
 pytestmark = pytest.mark.browser
 
@@ -32,7 +32,7 @@ def counters_figures(page) -> dict:
             "mat": float(re.search(r"tokens / forward \(MAT\)\s+([\d.]+)", text).group(1))}
 
 
-def page_run_to_end(browser, url: str, prompt: str, tokens: int) -> dict:  # noqa: F811
+def page_run_to_end(browser, url: str, prompt: str, tokens: int) -> dict:  
     """Run to end on a fresh page with the page's defaults (hot start, auto tree); the counters."""
     from playwright.sync_api import expect
 
@@ -61,7 +61,7 @@ def bench_on(lm, prompt: str, tokens: int) -> dict:
             "aa": rate["greedy-aa"] / rate["greedy"], "identical": runs["tr"].identical}
 
 
-def test_the_counters_speedup_agrees_with_the_bench_on_the_same_prompt(browser, launched, hub):  # noqa: F811
+def test_the_counters_speedup_agrees_with_the_bench_on_the_same_prompt(browser, launched, hub):  
     tokens = 64
     page = page_run_to_end(browser, launched[1], CHAT, tokens)
     bench = bench_on(hub.get(None), CHAT, tokens)
@@ -71,7 +71,7 @@ def test_the_counters_speedup_agrees_with_the_bench_on_the_same_prompt(browser, 
     assert abs(page["speedup"] / bench["speedup"] - 1) <= 0.10, (page, bench)
 
 
-def test_a_failed_model_load_keeps_the_run_and_a_reload_brings_it_back(browser, launched):  # noqa: F811
+def test_a_failed_model_load_keeps_the_run_and_a_reload_brings_it_back(browser, launched):  
     from playwright.sync_api import expect
 
     page = open_page(browser, launched[1])
@@ -97,7 +97,7 @@ def test_a_failed_model_load_keeps_the_run_and_a_reload_brings_it_back(browser, 
     page.close()
 
 
-def test_a_step_pressed_during_start_up_says_it_waits_and_runs_afterwards(browser, hub):  # noqa: F811
+def test_a_step_pressed_during_start_up_says_it_waits_and_runs_afterwards(browser, hub):  
     from playwright.sync_api import expect
 
     from app import build_app, serve
@@ -129,7 +129,7 @@ def test_a_step_pressed_during_start_up_says_it_waits_and_runs_afterwards(browse
         demo.close()
 
 
-def test_compare_shows_progress_per_step_lets_another_tab_step_and_cancels(browser, launched):  # noqa: F811
+def test_compare_shows_progress_per_step_lets_another_tab_step_and_cancels(browser, launched):  
     from playwright.sync_api import expect
 
     a = open_page(browser, launched[1])
@@ -159,7 +159,7 @@ if __name__ == "__main__":  # the figures for three kinds of prompt: python -m t
 
     from app import build_app, serve
     from components.model_hub import ModelHub
-    from tests.test_browser_teaching import ARGS
+    from tests.conftest import BROWSER_ARGS as ARGS
 
     tokens = int(sys.argv[1]) if len(sys.argv) > 1 else 96
     hub_ = ModelHub()
