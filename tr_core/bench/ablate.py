@@ -25,13 +25,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .data import SPLITS, load_prompts
 
 _OURS = dict(drop_blank=True, verified_rows=True, retrieval="suffix")
-VARIANTS = (
-    ("paper", dict(drop_blank=False, verified_rows=False, lookup=0, pair_rows=False)),
+VARIANTS = (  # (row, the additions on top of the paper's method: None = PaperTokenRecycling itself)
+    ("paper", None),
     ("+no blank drafts", dict(drop_blank=True, verified_rows=False, lookup=0, pair_rows=False)),
     ("+verified rows", dict(drop_blank=True, verified_rows=True, lookup=0, pair_rows=False)),
     ("+ngram lookup", dict(drop_blank=True, verified_rows=True, retrieval="ngram", pair_rows=False)),
@@ -64,20 +64,30 @@ class Row:
                 "prompts": self.prompts, "steps": self.steps}
 
 
-def run_variant(lm, prompts: list[list[int]], tree: str, lookup: int, max_new_tokens: int, settings: dict):
-    """One variant over every prompt with one hot-started matrix; returns its outputs and counts."""
-    from ..decoders import TokenRecyclingDecoder
+def run_variant(lm, prompts: list[list[int]], tree: str, lookup: int, max_new_tokens: int, settings: dict | None):
+    """One variant over every prompt with one hot-started matrix; returns its outputs and counts.
+
+    ``settings``: the :class:`~tr_core.decoders.Additions` fields switched (None: the paper's method,
+    :class:`~tr_core.decoders.PaperTokenRecycling`).  A node budget (``"tree"``: ``tree``'s nodes +
+    the continuation's) is filled from the auto tree's universe, the paper's 80 nodes."""
+    from ..decoders import Additions, PaperTokenRecycling, TokenRecyclingDecoder
     from ..matrix import AdjacencyMatrix
+    from ..trees import load_tree
 
     matrix = AdjacencyMatrix(lm.vocab_size, 8, lm.device, lm.fingerprint)
-    settings = {"lookup": lookup, **settings}
-    if settings.get("node_budget") == "tree":  # the fixed tree's budget: its nodes + the continuation's
-        from ..trees import load_tree
-        settings["node_budget"] = load_tree(tree).size + lookup
+    if settings is None:
+        make = lambda: PaperTokenRecycling(lm, tree, matrix=matrix, max_new_tokens=max_new_tokens,  # noqa: E731
+                                           trace_rows=False)
+    else:
+        additions = Additions(**{"lookup": lookup, **settings})
+        shape = tree
+        if additions.node_budget == "tree":
+            additions, shape = replace(additions, node_budget=load_tree(tree).size + lookup), "auto"
+        make = lambda: TokenRecyclingDecoder(lm, tree=shape, matrix=matrix, max_new_tokens=max_new_tokens,  # noqa: E731
+                                             trace_rows=False, additions=additions)
     outputs, steps, forward = [], 0, 0
     for ids in prompts:
-        dec = TokenRecyclingDecoder(lm, tree=tree, matrix=matrix, max_new_tokens=max_new_tokens, trace_rows=False,
-                                    **settings)
+        dec = make()
         outputs.append(dec.generate(ids))
         steps += len(dec.steps)
         forward += sum(s.forward_tokens for s in dec.steps)

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 
-from ..decoders import GreedyDecoder, ProgressiveTreeDecoder, PromptLookupDecoder, TokenRecyclingDecoder
+from ..decoders import Additions, GreedyDecoder, ProgressiveTreeDecoder, PromptLookupDecoder, TokenRecyclingDecoder
 from ..decoders.base import Decoder
 from ..matrix import AdjacencyMatrix
 from ..cost import cost_curve_for
@@ -15,7 +15,7 @@ from ..devices import synchronize
 from ..models import LoadedModel
 from ..planner import TreePlanner
 from ..precision import explain_divergence, first_difference
-from ..ptd import PTDConfig, PTDPlanner
+from ..progressive import PTDConfig, PTDPlanner
 from ..sampling import SamplingConfig
 from .data import BenchPrompt
 from .peers import HFGenerate, HFPromptLookup
@@ -57,10 +57,9 @@ def _tr_spec(name: str, lm: LoadedModel, tree: str | None, k: int, lookup: int |
     ``uniform``: the auto tree's planner starts from no learnt priors (``tr:uniform``, the ablation)."""
     matrix = AdjacencyMatrix(lm.vocab_size, k, lm.device, lm.fingerprint)  # hot start across prompts
     planner = TreePlanner(lm, k=k, uniform_prior=uniform, budget=budget) if uniform or budget else None
-    exact = dict(TokenRecyclingDecoder.PAPER) if paper else {"lookup": lookup, "node_budget": budget}
-    probe = TokenRecyclingDecoder(lm, tree="auto" if uniform else tree, matrix=matrix, planner=planner, **exact)
+    additions = Additions.none() if paper else Additions(node_budget=budget, **({} if lookup is None else {"lookup": lookup}))
+    probe = TokenRecyclingDecoder(lm, tree="auto" if uniform else tree, matrix=matrix, planner=planner, additions=additions)
     lookup, planner = probe.lookup, probe.planner
-    exact["lookup"] = lookup
     extra = " (the paper's method)" if paper else (f" + retrieval {lookup}" if lookup else "")
     shape = "auto" if planner is not None else probe.tree
     label = (f"the best {budget} draft nodes a step, of paper-80's and the retrieval's" if budget else
@@ -73,7 +72,7 @@ def _tr_spec(name: str, lm: LoadedModel, tree: str | None, k: int, lookup: int |
             planner.reset()
     return MethodSpec(name, lambda lm_, n: TokenRecyclingDecoder(lm_, tree=shape, matrix=matrix, planner=planner,
                                                                  max_new_tokens=n, trace_rows=False,
-                                                                 sampling=sampling, **exact),
+                                                                 sampling=sampling, additions=additions),
                       tree=label + extra, reset=reset)
 
 
