@@ -3,14 +3,16 @@
 Token Recycling on a fixed tree (``--tree``, default the paper's 80 nodes), the matrix hot-started
 across the prompts, with the additions switched on one at a time, in this order:
 
-* ``paper``: the paper's method (full shape, last write wins, no context retrieval);
+* ``paper``: the paper's method, ``PaperTokenRecycling`` (full shape, last write wins, no context retrieval);
+  each row below is ``TokenRecyclingDecoder`` with more of its ``Additions`` switched on;
 * ``+no blank drafts``: no forward tokens for drafts from rows never written;
 * ``+verified rows``: where a token occurs twice in a tree, its row is written from the committed text;
 * ``+ngram lookup``: prompt lookup's 3..1-gram continuation grafted into the tree (``--lookup`` tokens);
 * ``+suffix retrieval``: the continuation of the longest suffix match over the whole context instead;
 * ``+best nodes a step``: the same budget (``--tree``'s nodes + ``--lookup``) filled each step with the
-  best nodes of the paper's 80 and the continuation by estimated acceptance, rather than a fixed tree
-  plus a continuation (``node_budget``: blank drafts and unlikely deep nodes give way to a long copy).
+  best nodes of the paper's 80 (the auto tree's universe) and the continuation by estimated
+  acceptance, rather than a fixed tree plus a continuation (``node_budget`` with ``tree="auto"``:
+  blank drafts and unlikely deep nodes give way to a long copy).
 * ``+pair rows``: a node's children drafted from the row of the pair (its parent, itself) where that
   pair was seen, else from ``M`` (``tr_core.pairs``): the draft sees one more token of context.
 
