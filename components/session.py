@@ -12,7 +12,7 @@ from tr_core import AdjacencyMatrix, GreedyDecoder, MatrixFileError, TokenRecycl
 from tr_core.decoders import DecodeError, ProgressiveTreeDecoder
 from tr_core.models import LoadedModel, ModelLoadError
 from tr_core.planner import TreePlanner
-from tr_core.ptd import PTDConfig
+from tr_core.progressive import PTDConfig
 from tr_core.sampling import SamplingConfig
 from tr_core.runs import Run, run_header
 from tr_core.trees import TreeError, list_presets, load_tree

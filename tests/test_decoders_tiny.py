@@ -335,3 +335,54 @@ def test_a_node_budget_is_never_exceeded_and_stays_lossless(tiny_lm, budget):
     assert lookups > 0 or budget == 1  # the repeating prompts are copied (one node: the tree's first may win)
     with pytest.raises(ValueError, match="node_budget"):
         TokenRecyclingDecoder(tiny_lm, node_budget=0)
+
+
+def _records(dec) -> list[dict]:
+    """Step records without their clock readings."""
+    return [{**s.to_dict(), "timings": sorted(s.timings), "wall": None} for s in dec.steps]
+
+
+def test_the_papers_class_equals_every_addition_switched_off(tiny_lm):
+    from tr_core import Additions, PaperTokenRecycling
+
+    for tree in ("tr-16", "paper-80"):
+        a = AdjacencyMatrix(tiny_lm.vocab_size, 8, fingerprint=tiny_lm.fingerprint)
+        b = AdjacencyMatrix(tiny_lm.vocab_size, 8, fingerprint=tiny_lm.fingerprint)
+        for ids in PROMPTS:  # hot start across the prompts
+            paper = PaperTokenRecycling(tiny_lm, tree, matrix=a, max_new_tokens=30)
+            off = TokenRecyclingDecoder(tiny_lm, tree, matrix=b, max_new_tokens=30, additions=Additions.none())
+            assert paper.generate(ids) == off.generate(ids) == reference_greedy(tiny_lm, ids, 30)
+            assert _records(paper) == _records(off)
+        assert torch.equal(a.table, b.table) and a.pairs.written == 0
+    assert isinstance(TokenRecyclingDecoder.paper(tiny_lm, "tr-16"), PaperTokenRecycling)
+
+
+def test_the_step_halves_run_sessions_forwards_between_them(tiny_lm):
+    """``prepare_step`` / ``run_forward`` / ``finish_step`` on two sessions in turn give each the
+    records of its own ``step()`` loop (the halves are the whole step)."""
+    from tr_core.decoders import ProgressiveTreeDecoder, PromptLookupDecoder, run_forward
+    from tr_core.progressive import PTDConfig
+
+    makers = [lambda: GreedyDecoder(tiny_lm, 20), lambda: PromptLookupDecoder(tiny_lm, 20),
+              lambda: TokenRecyclingDecoder(tiny_lm, tree="tr-16", lookup=6, max_new_tokens=20),
+              lambda: ProgressiveTreeDecoder(tiny_lm, 20, config=PTDConfig.paper())]
+    for make in makers:
+        alone = [make(), make()]
+        for dec, ids in zip(alone, PROMPTS[2:]):
+            dec.generate(ids)
+        paired = [make(), make()]
+        for dec, ids in zip(paired, PROMPTS[2:]):
+            dec.start(ids)
+        while not all(d.done for d in paired):
+            live = [d for d in paired if not d.done]
+            requests = [d.prepare_step() for d in live]  # every session drafts, then the forwards, then the rest
+            logits = [run_forward(tiny_lm, r) for r in requests]
+            for d, r, out in zip(live, requests, logits):
+                assert r.input_ids.shape == r.position_ids.shape == (1, out.shape[0])
+                d.finish_step(r, out)
+        assert [_records(d) for d in paired] == [_records(d) for d in alone]
+
+
+def test_a_node_budget_on_a_static_tree_is_refused(tiny_lm):
+    with pytest.raises(ValueError, match="node_budget .*tree='auto'"):
+        TokenRecyclingDecoder(tiny_lm, tree="paper-80", node_budget=80)

@@ -7,7 +7,7 @@ import torch
 from tr_core import GreedyDecoder, ModelLoadError, PromptLookupDecoder, TokenRecyclingDecoder, load_model
 from tr_core.decoders import ProgressiveTreeDecoder
 from tr_core.layout import AttentionLayout
-from tr_core.ptd import PTDConfig
+from tr_core.progressive import PTDConfig
 
 from .conftest import make_tiny_tokenizer, reference_greedy
 from .families import WINDOW, family_configs, make_family_model

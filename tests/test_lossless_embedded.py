@@ -46,7 +46,7 @@ def test_token_recycling_is_lossless(embedded_lm, references, tree, min_accepted
 def test_progressive_tree_drafting_is_lossless(embedded_lm, references):
     """PTD with the paper's settings (the most drafting): candidates verified with the draft tree riding along."""
     from tr_core.decoders import ProgressiveTreeDecoder
-    from tr_core.ptd import PTDConfig
+    from tr_core.progressive import PTDConfig
 
     candidates = 0
     for prompt in PROMPTS:

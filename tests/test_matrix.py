@@ -129,7 +129,7 @@ def test_blank_drafts_are_the_nodes_at_or_below_a_row_never_written():
     blank = m.blank_drafts(tokens, tree)
     assert blank.tolist() == [False, False, False, True, True, True]
     sub = tree.select(~blank)
-    assert sub.parents.tolist() == [0, 0, 0] and sub.depths.tolist() == [0, 1, 1]
+    assert sub.parents.tolist() == [-1, 0, 0] and sub.depths.tolist() == [0, 1, 1]
     assert sub.ancestors.tolist() == [[True, False, False], [True, True, False], [True, False, True]]
 
 
@@ -140,6 +140,6 @@ def test_select_renumbers_parents_and_keeps_each_nodes_place():
     keep = torch.tensor([True, False, True, False, True, True])  # drop [0] and its child [0, 0]
     sub = tree.select(keep)
     assert sub.kept.tolist() == [0, 2, 4, 5]
-    assert sub.parents.tolist() == [0, 0, 1, 2] and sub.depths.tolist() == [0, 1, 2, 3]
+    assert sub.parents.tolist() == [-1, 0, 1, 2] and sub.depths.tolist() == [0, 1, 2, 3]
     assert sub.children() == [[1], [2], [3], []]
     assert sub.ancestors[3].tolist() == [True, True, True, True]

@@ -3,7 +3,7 @@ import numpy as np
 import torch
 
 from tr_core.decoders import ProgressiveTreeDecoder
-from tr_core.ptd import CandidateTries, DraftForest, PTDConfig, _Node
+from tr_core.progressive import CandidateTries, DraftForest, PTDConfig, _Node
 
 from .conftest import decode_losslessly, reference_greedy
 
@@ -142,7 +142,7 @@ def test_ptd_state_starts_afresh_for_every_prompt(tiny_lm):
 
 def test_cost_aware_ptd_verifies_only_candidates_that_pay():
     from tr_core.planner import CostCurve
-    from tr_core.ptd import Candidates, PTDPlanner, candidate_keys
+    from tr_core.progressive import Candidates, PTDPlanner, candidate_keys
 
     parents, depths = [0, 0, 1, 1, 3], [1, 1, 2, 2, 3]  # two first-level candidates, two under the first, ...
     assert candidate_keys(parents, depths) == [(1, 0), (1, 1), (2, 0), (2, 1), (3, 0)]
@@ -164,7 +164,7 @@ def test_cost_aware_ptd_verifies_only_candidates_that_pay():
 
 def test_the_draft_tree_rides_along_only_while_its_nodes_bring_more_than_they_cost():
     from tr_core.planner import CostCurve
-    from tr_core.ptd import PRIOR_DRAFT_YIELD, PTDPlanner
+    from tr_core.progressive import PRIOR_DRAFT_YIELD, PTDPlanner
 
     cheap = PTDPlanner(CostCurve([1, 101], [1.0, 1.3]), max_nodes=48)  # a node costs 0.3% of a forward
     dear = PTDPlanner(CostCurve([1, 101], [1.0, 5.0]), max_nodes=48)  # 4%: more than the prior yield
@@ -188,7 +188,7 @@ def test_the_draft_tree_rides_along_only_while_its_nodes_bring_more_than_they_co
 
 def test_cost_aware_ptd_is_lossless_and_paper_settings_stay_available(tiny_lm):
     from tr_core.planner import CostCurve
-    from tr_core.ptd import PTDPlanner
+    from tr_core.progressive import PTDPlanner
 
     assert PTDConfig.default().cost_aware and not PTDConfig.paper().cost_aware
     planner = PTDPlanner(CostCurve([1, 101], [1.0, 1.3]), max_nodes=48)
@@ -201,7 +201,7 @@ def test_cost_aware_ptd_is_lossless_and_paper_settings_stay_available(tiny_lm):
 
 def test_cost_aware_ptd_follows_the_cost_within_a_prompt_and_forgets_after_reset(tiny_lm, monkeypatch):
     from tr_core.planner import CostCurve
-    from tr_core.ptd import PTDPlanner
+    from tr_core.progressive import PTDPlanner
 
     planner = PTDPlanner(CostCurve([1, 101], [1.0, 1.3]), max_nodes=48)
     dec = ProgressiveTreeDecoder(tiny_lm, 30, PTDConfig(cost_aware=True), planner=planner)
@@ -233,7 +233,7 @@ def test_cost_aware_ptd_follows_the_cost_within_a_prompt_and_forgets_after_reset
 
 
 def test_cpu_ptd_also_harvests_the_context_and_stays_lossless(tiny_lm, monkeypatch):
-    from tr_core.ptd import CandidateTries
+    from tr_core.progressive import CandidateTries
 
     assert PTDConfig.default().harvest_context and not PTDConfig.paper().harvest_context  # ptd:paper stays
     d = ProgressiveTreeDecoder(tiny_lm, 40, PTDConfig(harvest_context=True))
@@ -260,7 +260,7 @@ def test_cpu_ptd_also_harvests_the_context_and_stays_lossless(tiny_lm, monkeypat
 
 def test_min_draft_keeps_the_draft_tree_riding_where_it_does_not_pay(tiny_lm):
     from tr_core.planner import CostCurve
-    from tr_core.ptd import PTDPlanner
+    from tr_core.progressive import PTDPlanner
 
     dear = lambda: PTDPlanner(CostCurve([1, 101], [1.0, 5.0]), max_nodes=48)  # noqa: E731
     bare = ProgressiveTreeDecoder(tiny_lm, 20, PTDConfig(cost_aware=True, harvest_context=True), planner=dear())
@@ -277,7 +277,7 @@ def test_min_draft_keeps_the_draft_tree_riding_where_it_does_not_pay(tiny_lm):
 
 def test_draft_yield_counts_only_tokens_from_ngrams_the_draft_tree_alone_harvested(tiny_lm, monkeypatch):
     from tr_core.planner import CostCurve
-    from tr_core.ptd import PTDPlanner
+    from tr_core.progressive import PTDPlanner
 
     def run(harvest_context: bool):
         planner = PTDPlanner(CostCurve([1, 101], [1.0, 1.3]), max_nodes=48)  # cheap: the draft tree rides

@@ -9,7 +9,7 @@ from tr_core import AdjacencyMatrix, GreedyDecoder, TokenRecyclingDecoder
 from tr_core.decoders import ProgressiveTreeDecoder, PromptLookupDecoder
 from tr_core.cost import CostCurve
 from tr_core.planner import TreePlanner
-from tr_core.ptd import PTDConfig, PTDPlanner
+from tr_core.progressive import PTDConfig, PTDPlanner
 from tr_core.sampling import Sampler, SamplingConfig
 from tr_core.verify import Verdict, verify_greedy
 

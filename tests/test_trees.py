@@ -85,7 +85,7 @@ def test_attention_mask_and_positions():
 def test_graft_chain_extends_mask_positions_and_parents():
     tt = TreeShape.from_paths([[0], [1]]).tensors()
     g = tt.graft_chain(attach=1, length=2)  # nodes 3, 4 under node 1
-    assert g.parents.tolist() == [0, 0, 0, 1, 3]
+    assert g.parents.tolist() == [-1, 0, 0, 1, 3]
     assert g.depths.tolist() == [0, 1, 1, 2, 3]
     visible = g.attention_mask(past=2)[0, 0, :, 2:] == 0
     assert visible.tolist() == [

@@ -121,7 +121,7 @@ class TreeTensors:
     """
 
     shape: TreeShape | None  # None for trees built at run time (PTD's tries)
-    parents: torch.Tensor  # [q] long, parents[0] = 0 (root is its own parent, never used)
+    parents: torch.Tensor  # [q] long, -1 for the root (and for the top of any other tree of a forest)
     depths: torch.Tensor  # [q] long
     ranks: torch.Tensor  # [q] long
     ancestors: torch.Tensor  # [q, q] bool, ancestors[i, j] = j is i or an ancestor of i
@@ -143,9 +143,9 @@ class TreeTensors:
                      ranks: list[int] | None = None, shape: TreeShape | None = None,
                      levels: tuple = ()) -> TreeTensors:
         """Tensors of any forest given as ``parents [q]`` (parents before children; node 0 is the
-        root).  A node with parent -1 (besides the root) starts a tree of its own that sees only
-        the cache: PTD's draft branches ride along in the same forward that way.  ``depths`` give
-        the positions (prefix length + depth)."""
+        root, its parent -1).  A node with parent -1 (besides the root) starts a tree of its own that
+        sees only the cache: PTD's draft branches ride along in the same forward that way.  ``depths``
+        give the positions (prefix length + depth)."""
         q = len(parents)
         anc = torch.zeros(q, q, dtype=torch.bool)
         for i in range(q):  # small (q <= a few hundred) and once per tree; parents precede children
@@ -154,10 +154,8 @@ class TreeTensors:
             anc[i, i] = True
         bias = torch.zeros(q, q, dtype=dtype)
         bias.masked_fill_(~anc, torch.finfo(dtype).min)
-        own = [p if p >= 0 else i for i, p in enumerate(parents)]  # a tree's top is its own parent
-        own[0] = 0
         as_long = lambda xs: torch.tensor(xs, dtype=torch.long, device=device)  # noqa: E731
-        return cls(shape=shape, parents=as_long(own), depths=as_long(depths),
+        return cls(shape=shape, parents=as_long([p if i else -1 for i, p in enumerate(parents)]), depths=as_long(depths),
                    ranks=as_long(ranks if ranks is not None else [0] * q), ancestors=anc.to(device),
                    attn_bias=bias.to(device), levels=levels)
 
@@ -173,15 +171,17 @@ class TreeTensors:
         in this tree (retrieval has already happened: no ``levels``)."""
         idx = keep.nonzero().squeeze(1)  # [q']
         renumber = torch.cumsum(keep.long(), 0) - 1  # [q]: old index -> new
-        return TreeTensors(shape=None, parents=renumber[self.parents[idx]], depths=self.depths[idx],
+        parents = self.parents[idx]  # [q']
+        parents = torch.where(parents >= 0, renumber[parents.clamp(min=0)], -1)
+        return TreeTensors(shape=None, parents=parents, depths=self.depths[idx],
                            ranks=self.ranks[idx], ancestors=self.ancestors[idx][:, idx],
                            attn_bias=self.attn_bias[idx][:, idx], levels=(), kept=idx)
 
     def children(self) -> list[list[int]]:
-        """Each node's children, by index (the root is not its own child)."""
+        """Each node's children, by index."""
         out: list[list[int]] = [[] for _ in range(self.parents.shape[0])]
-        for i, p in enumerate(self.parents.tolist()[1:], 1):
-            if p != i:
+        for i, p in enumerate(self.parents.tolist()):
+            if p >= 0:
                 out[p].append(i)
         return out
 

@@ -47,7 +47,7 @@ def accept_path(tokens: torch.Tensor, choices: torch.Tensor, tree: TreeTensors,
                 skip: torch.Tensor | None = None) -> Verdict:
     """The deepest node whose path from the root matches ``choices [q]`` (the model's token after
     each node) at every level; ``skip [q]`` bool marks nodes never to accept."""
-    match = tokens == choices[tree.parents]  # [q]; node 0 compares with itself, forced True below
+    match = tokens == choices[tree.parents.clamp(min=0)]  # [q]; the root (parent -1) is forced True below
     if skip is not None:
         match &= ~skip
     match[0] = True

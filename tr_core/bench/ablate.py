@@ -3,14 +3,16 @@
 Token Recycling on a fixed tree (``--tree``, default the paper's 80 nodes), the matrix hot-started
 across the prompts, with the additions switched on one at a time, in this order:
 
-* ``paper``: the paper's method (full shape, last write wins, no context retrieval);
+* ``paper``: the paper's method, ``PaperTokenRecycling`` (full shape, last write wins, no context retrieval);
+  each row below is ``TokenRecyclingDecoder`` with more of its ``Additions`` switched on;
 * ``+no blank drafts``: no forward tokens for drafts from rows never written;
 * ``+verified rows``: where a token occurs twice in a tree, its row is written from the committed text;
 * ``+ngram lookup``: prompt lookup's 3..1-gram continuation grafted into the tree (``--lookup`` tokens);
 * ``+suffix retrieval``: the continuation of the longest suffix match over the whole context instead;
 * ``+best nodes a step``: the same budget (``--tree``'s nodes + ``--lookup``) filled each step with the
-  best nodes of the paper's 80 and the continuation by estimated acceptance, rather than a fixed tree
-  plus a continuation (``node_budget``: blank drafts and unlikely deep nodes give way to a long copy).
+  best nodes of the paper's 80 (the auto tree's universe) and the continuation by estimated
+  acceptance, rather than a fixed tree plus a continuation (``node_budget`` with ``tree="auto"``:
+  blank drafts and unlikely deep nodes give way to a long copy).
 * ``+pair rows``: a node's children drafted from the row of the pair (its parent, itself) where that
   pair was seen, else from ``M`` (``tr_core.pairs``): the draft sees one more token of context.
 
@@ -24,14 +26,14 @@ from __future__ import annotations
 
 import argparse
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .data import PROMPTS_HELP, SPLITS, load_prompts
 from .report import write_json
 
 _OURS = dict(drop_blank=True, verified_rows=True, retrieval="suffix")
-VARIANTS = (
-    ("paper", dict(drop_blank=False, verified_rows=False, lookup=0, pair_rows=False)),
+VARIANTS = (  # (row, the additions on top of the paper's method: None = PaperTokenRecycling itself)
+    ("paper", None),
     ("+no blank drafts", dict(drop_blank=True, verified_rows=False, lookup=0, pair_rows=False)),
     ("+verified rows", dict(drop_blank=True, verified_rows=True, lookup=0, pair_rows=False)),
     ("+ngram lookup", dict(drop_blank=True, verified_rows=True, retrieval="ngram", pair_rows=False)),
@@ -64,20 +66,30 @@ class Row:
                 "prompts": self.prompts, "steps": self.steps}
 
 
-def run_variant(lm, prompts: list[list[int]], tree: str, lookup: int, max_new_tokens: int, settings: dict):
-    """One variant over every prompt with one hot-started matrix; returns its outputs and counts."""
-    from ..decoders import TokenRecyclingDecoder
+def run_variant(lm, prompts: list[list[int]], tree: str, lookup: int, max_new_tokens: int, settings: dict | None):
+    """One variant over every prompt with one hot-started matrix; returns its outputs and counts.
+
+    ``settings``: the :class:`~tr_core.decoders.Additions` fields switched (None: the paper's method,
+    :class:`~tr_core.decoders.PaperTokenRecycling`).  A node budget (``"tree"``: ``tree``'s nodes +
+    the continuation's) is filled from the auto tree's universe, the paper's 80 nodes."""
+    from ..decoders import Additions, PaperTokenRecycling, TokenRecyclingDecoder
     from ..matrix import AdjacencyMatrix
+    from ..trees import load_tree
 
     matrix = AdjacencyMatrix(lm.vocab_size, 8, lm.device, lm.fingerprint)
-    settings = {"lookup": lookup, **settings}
-    if settings.get("node_budget") == "tree":  # the fixed tree's budget: its nodes + the continuation's
-        from ..trees import load_tree
-        settings["node_budget"] = load_tree(tree).size + lookup
+    if settings is None:
+        make = lambda: PaperTokenRecycling(lm, tree, matrix=matrix, max_new_tokens=max_new_tokens,  # noqa: E731
+                                           trace_rows=False)
+    else:
+        additions = Additions(**{"lookup": lookup, **settings})
+        shape = tree
+        if additions.node_budget == "tree":
+            additions, shape = replace(additions, node_budget=load_tree(tree).size + lookup), "auto"
+        make = lambda: TokenRecyclingDecoder(lm, tree=shape, matrix=matrix, max_new_tokens=max_new_tokens,  # noqa: E731
+                                             trace_rows=False, additions=additions)
     outputs, steps, forward = [], 0, 0
     for ids in prompts:
-        dec = TokenRecyclingDecoder(lm, tree=tree, matrix=matrix, max_new_tokens=max_new_tokens, trace_rows=False,
-                                    **settings)
+        dec = make()
         outputs.append(dec.generate(ids))
         steps += len(dec.steps)
         forward += sum(s.forward_tokens for s in dec.steps)

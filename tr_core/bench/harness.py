@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 
-from ..decoders import GreedyDecoder, ProgressiveTreeDecoder, PromptLookupDecoder, TokenRecyclingDecoder
+from ..decoders import Additions, GreedyDecoder, ProgressiveTreeDecoder, PromptLookupDecoder, TokenRecyclingDecoder
 from ..decoders.base import Decoder
 from ..matrix import AdjacencyMatrix
 from ..cost import cost_curve_for
@@ -15,7 +15,7 @@ from ..devices import synchronize
 from ..models import LoadedModel
 from ..planner import TreePlanner
 from ..precision import explain_divergence, first_difference
-from ..ptd import PTDConfig, PTDPlanner
+from ..progressive import PTDConfig, PTDPlanner
 from ..sampling import SamplingConfig
 from .data import BenchPrompt
 from .peers import HFGenerate, HFPromptLookup
@@ -65,10 +65,9 @@ def _tr_spec(name: str, lm: LoadedModel, tree: str | None, k: int, lookup: int |
         return AdjacencyMatrix.load(matrix_file, lm.fingerprint, lm.vocab_size, lm.device).narrowed(k)
     matrix = start_matrix()  # hot start across prompts
     planner = TreePlanner(lm, k=k, uniform_prior=uniform, budget=budget) if uniform or budget else None
-    exact = dict(TokenRecyclingDecoder.PAPER) if paper else {"lookup": lookup, "node_budget": budget}
-    probe = TokenRecyclingDecoder(lm, tree="auto" if uniform else tree, matrix=matrix, planner=planner, **exact)
+    additions = Additions.none() if paper else Additions(node_budget=budget, **({} if lookup is None else {"lookup": lookup}))
+    probe = TokenRecyclingDecoder(lm, tree="auto" if uniform else tree, matrix=matrix, planner=planner, additions=additions)
     lookup, planner = probe.lookup, probe.planner
-    exact["lookup"] = lookup
     extra = " (the paper's method)" if paper else (f" + retrieval {lookup}" if lookup else "")
     shape = "auto" if planner is not None else probe.tree
     label = (f"the best {budget} draft nodes a step, of paper-80's and the retrieval's" if budget else
@@ -87,7 +86,7 @@ def _tr_spec(name: str, lm: LoadedModel, tree: str | None, k: int, lookup: int |
             matrix.table.copy_(fresh.table)
             matrix.pairs = fresh.pairs
         return TokenRecyclingDecoder(lm_, tree=shape, matrix=matrix, planner=planner, max_new_tokens=n,
-                                     trace_rows=False, sampling=sampling, **exact)
+                                     trace_rows=False, sampling=sampling, additions=additions)
     start = f", each prompt from {matrix_file}" if matrix_file else ""
     return MethodSpec(name, make, tree=label + extra + start, reset=reset)
 

@@ -3,13 +3,23 @@
 ``start(prompt_ids)`` runs the prefill, then each ``step()`` runs exactly one verification forward
 and returns a ``Step``; ``done`` says when EOS or the token budget is reached.  Invariant between
 steps: the KV cache holds every committed token except the last one, which roots the next step.
+
+A step is two halves around its forward, so that a caller may run the forwards of several
+decoders together::
+
+    request = dec.prepare_step()                 # draft: what the forward takes (ForwardRequest)
+    logits = run_forward(dec.lm, request)        # the forward alone: plain tensors in, logits out
+    step = dec.finish_step(request, logits)      # verify, learn from the logits, prune, record
+
+``step()`` is exactly these three calls.
 """
 from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
 from contextlib import contextmanager
-from typing import ClassVar
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import torch
 
@@ -59,6 +69,45 @@ class PhaseClock:
         return self._seconds
 
 
+@dataclass
+class ForwardRequest:
+    """What one step's forward takes, as plain tensors, and what its second half needs back.
+
+    ``input_ids [1, q]`` and ``position_ids [1, q]`` are the step's inputs, ``attention_mask`` the
+    tree mask ``[1, 1, q, past + q]`` (or one per layer type; None: causal), ``cache`` the KV cache
+    holding ``past`` entries that the forward appends to.  ``draft`` is the decoder's own record of
+    what it drafted, ``clock`` times its phases, ``started`` (``time.perf_counter()``) when the step
+    began."""
+
+    input_ids: torch.Tensor
+    position_ids: torch.Tensor
+    attention_mask: Any
+    cache: Any
+    past: int
+    clock: PhaseClock
+    draft: Any = None
+    started: float = 0.0
+
+
+@torch.inference_mode()
+def model_forward(lm: LoadedModel, input_ids: torch.Tensor, position_ids: torch.Tensor, attention_mask,
+                  cache, logits_to_keep: int | torch.Tensor = 0) -> torch.Tensor:
+    """One forward of ``lm`` over ``input_ids [1, q]`` at ``position_ids [1, q]``, appending to
+    ``cache``; returns ``logits [q', vocab]`` (``logits_to_keep``: the last n positions, 0 = all, or
+    a 1-D tensor of positions)."""
+    out = lm.model(input_ids=input_ids, position_ids=position_ids, attention_mask=attention_mask,
+                   use_cache=True, logits_to_keep=logits_to_keep, **{lm.cache_arg: cache})
+    return out.logits[0]
+
+
+def run_forward(lm: LoadedModel, request: ForwardRequest) -> torch.Tensor:
+    """The forward phase of a step: ``logits [q, vocab]`` for ``request``'s inputs, timed on its
+    clock as ``"forward"`` (the planners read that time; a caller running several requests' forwards
+    at once times the phase on each request's clock)."""
+    with request.clock.phase("forward"):
+        return model_forward(lm, request.input_ids, request.position_ids, request.attention_mask, request.cache)
+
+
 class Decoder(ABC):
     """Base class: prompt checks, prefill, the forward call, committing tokens, stopping."""
 
@@ -102,9 +151,27 @@ class Decoder(ABC):
             self.prefill(prefix)
         self.last = torch.tensor(ids[-1], device=device)
 
-    @abstractmethod
+    @torch.inference_mode()
     def step(self) -> Step:
         """Exactly one verification forward; returns its trace record."""
+        request = self.prepare_step()
+        logits = run_forward(self.lm, request)  # [q, vocab]
+        return self.finish_step(request, logits)
+
+    @abstractmethod
+    def prepare_step(self) -> ForwardRequest:
+        """The step's first half: draft, and the forward's inputs (nothing is run on the model)."""
+
+    @abstractmethod
+    def finish_step(self, request: ForwardRequest, logits: torch.Tensor) -> Step:
+        """The step's second half, given the forward's ``logits [q, vocab]``: verify, commit, record."""
+
+    def new_request(self, input_ids: torch.Tensor, position_ids: torch.Tensor, attention_mask=None,
+                    clock: PhaseClock | None = None, draft=None, started: float | None = None) -> ForwardRequest:
+        """A request over this decoder's cache for ``input_ids [1, q]`` at ``position_ids [1, q]``."""
+        return ForwardRequest(input_ids, position_ids, attention_mask, self.cache, self.cache_length,
+                              clock or PhaseClock(self.lm.device), draft,
+                              time.perf_counter() if started is None else started)
 
     @property
     def done(self) -> bool:
@@ -158,9 +225,7 @@ class Decoder(ABC):
         (``logits_to_keep``: the last n positions, 0 = all, or a 1-D tensor of positions)."""
         if position_ids is None:
             position_ids = self.next_positions(input_ids)
-        out = self.lm.model(input_ids=input_ids, position_ids=position_ids, attention_mask=attention_mask,
-                            use_cache=True, logits_to_keep=logits_to_keep, **{self.lm.cache_arg: self.cache})
-        return out.logits[0]
+        return model_forward(self.lm, input_ids, position_ids, attention_mask, self.cache, logits_to_keep)
 
     @torch.inference_mode()
     def forward_hidden(self, input_ids: torch.Tensor) -> torch.Tensor:

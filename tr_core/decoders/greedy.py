@@ -5,20 +5,23 @@ from __future__ import annotations
 import torch
 
 from ..trace import DraftTree, Step
-from .base import Decoder, PhaseClock
+from .base import Decoder, ForwardRequest
 
 
 class GreedyDecoder(Decoder):
     method = "greedy"
 
     @torch.inference_mode()
-    def step(self) -> Step:
+    def prepare_step(self) -> ForwardRequest:
+        """The last committed token alone: ``input_ids [1, 1]`` right after the cache."""
         self._check_running()
-        clock = PhaseClock(self.lm.device)
-        past = self.cache_length
-        root = int(self.last)
-        with clock.phase("forward"):
-            logits = self.forward(self.last.view(1, 1))  # [1, vocab]
+        input_ids = self.last.view(1, 1)
+        return self.new_request(input_ids, self.next_positions(input_ids))
+
+    @torch.inference_mode()
+    def finish_step(self, request: ForwardRequest, logits: torch.Tensor) -> Step:
+        """``logits [1, vocab]``: the model's token (argmax, or a draw) is committed."""
+        clock, past, root = request.clock, request.past, int(request.input_ids[0, 0])
         with clock.phase("verify"):
             where = torch.tensor([past], device=logits.device)  # the fed token's position
             choice = self.sampler.draw(logits[-1:], where)[0] if self.sampler else logits[-1].argmax()

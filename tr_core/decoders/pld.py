@@ -7,10 +7,9 @@ import torch
 from ..lookup import lookup_continuation
 from ..models import LoadedModel
 from ..sampling import SamplingConfig
-from ..trace import Step
 from ..trees import TreeShape
 from .base import PhaseClock
-from .tree_step import TreeDecoder
+from .tree_step import StepState, TreeDecoder
 
 
 class PromptLookupDecoder(TreeDecoder):
@@ -23,14 +22,10 @@ class PromptLookupDecoder(TreeDecoder):
         self.lookahead = max_draft + 1
         self.root_only = TreeShape.empty().tensors(lm.device, lm.dtype)
 
-    @torch.inference_mode()
-    def step(self) -> Step:
-        self._check_running()
-        clock = PhaseClock(self.lm.device)
+    def draft(self, clock: PhaseClock) -> StepState:
+        """The root, then the context's continuation as one chain: ``tokens [1 + n]``."""
         with clock.phase("lookup"):
-            chain = lookup_continuation(self.context_ids(), self.max_draft,
-                                        self.max_ngram, self.min_ngram)
+            chain = lookup_continuation(self.context_ids(), self.max_draft, self.max_ngram, self.min_ngram)
             tree = self.root_only.graft_chain(0, len(chain)) if chain else self.root_only
             tokens = torch.cat([self.last.view(1), torch.tensor(chain, dtype=torch.long, device=self.lm.device)])
-        _, verdict, path = self.verify_tree(tokens, tree, clock)
-        return self.finish_tree_step(tokens, tree, ["root"] + ["lookup"] * len(chain), verdict, path, clock)
+        return StepState(tokens, tree, ["root"] + ["lookup"] * len(chain))

@@ -2,7 +2,7 @@
 that verifies.
 
 Each step, in phases:
-  1. retrieve  - the candidate trie keyed by the last committed token (``tr_core.ptd``) becomes
+  1. retrieve  - the candidate trie keyed by the last committed token (``tr_core.progressive``) becomes
      the verified tree under the root (where extra tokens cost: only the candidates that pay,
      ``PTDPlanner``); the draft tree rides along behind it in the same input (where extra tokens
      cost: as many of its nodes as pay for themselves, at least ``min_draft``)
@@ -21,18 +21,29 @@ Each step, in phases:
 from __future__ import annotations
 
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import torch
 
 from ..cost import cost_curve_for
 from ..models import LoadedModel
-from ..ptd import CandidateTries, DraftForest, FlatForest, PTDConfig, PTDPlanner, candidate_keys
+from ..progressive import Candidates, CandidateTries, DraftForest, FlatForest, PTDConfig, PTDPlanner, candidate_keys
 from ..sampling import SamplingConfig
 from ..trace import DraftTree, Step
 from ..trees import TreeTensors
-from .base import PhaseClock
-from .tree_step import TreeDecoder
+from .base import ForwardRequest, PhaseClock
+from .tree_step import StepState, TreeDecoder
+
+
+@dataclass
+class ProgressiveState(StepState):
+    """A PTD step: the verified candidates (``cand``) and the draft tree riding behind them
+    (``flat``, in BFS order); ``grown``: the draft tree after expansion, as the record draws it."""
+
+    root: int = 0
+    cand: Candidates | None = None
+    flat: FlatForest | None = None
+    grown: DraftTree | None = None
 
 
 class ProgressiveTreeDecoder(TreeDecoder):
@@ -64,11 +75,10 @@ class ProgressiveTreeDecoder(TreeDecoder):
         if self.config.harvest_context:
             self.harvest_text(len(self.prompt) - 1)
 
-    @torch.inference_mode()
-    def step(self) -> Step:
-        self._check_running()
-        started = time.perf_counter()
-        clock, root = PhaseClock(self.lm.device), int(self.last)
+    # ---- the step: draft | forward | verify, plan, expand, prune, record, harvest ----------
+    def draft(self, clock: PhaseClock) -> ProgressiveState:
+        """Phase 1: the root's candidate trie (what pays of it), then the draft tree riding along."""
+        root = int(self.last)
         with clock.phase("retrieve"):
             cand = self.tries.candidates(root)
             if self.planner is not None:  # what pays now: the candidates and the draft tree's size
@@ -76,29 +86,49 @@ class ProgressiveTreeDecoder(TreeDecoder):
                                                                 available=len(self.forest.flatten().nodes))
                 cand = cand.keep(keep)
             flat = self.forest.flatten(self.config.max_nodes)
-            tokens, tree, m = self.step_input(root, cand.tokens, cand.parents, cand.depths, flat)
-        logits, verdict, path = self.verify_tree(tokens, tree, clock, verified=m)
+            tokens, tree = self.step_input(root, cand, flat)
+        return ProgressiveState(tokens, tree, ["root"] + ["trie"] * len(cand.tokens), verified=1 + len(cand.tokens),
+                                root=root, cand=cand, flat=flat)
+
+    @torch.inference_mode()
+    def finish_step(self, request: ForwardRequest, logits: torch.Tensor) -> Step:
+        state = request.draft
+        self.verify(state, logits, request)
+        self.plan(state, request)
+        self.expand(state, logits, request.clock)
+        self.prune(state, request)
+        step = self.record(self.to_step(state, request))
+        step.draft_tree = state.grown
+        if self.config.harvest_context:
+            self.harvest_text(len(step.committed))
         if self.planner is not None:
-            accepted = [i - 1 for i in path[1:]]
-            self.planner.record(candidate_keys(cand.parents, cand.depths), accepted, tokens.shape[0],
-                                clock.seconds["forward"], self.cache_length - tokens.shape[0],
-                                riding=len(flat.nodes), drafted_hits=sum(cand.drafted[i] for i in accepted))
+            self.planner.record_host(state.size, time.perf_counter() - request.started
+                                     - request.clock.seconds["forward"])
+        return step
+
+    def plan(self, state: ProgressiveState, request: ForwardRequest) -> None:
+        """Feed the planner this step's acceptance, forward size and time."""
+        if self.planner is None:
+            return
+        accepted = [i - 1 for i in state.path[1:]]
+        cand = state.cand
+        self.planner.record(candidate_keys(cand.parents, cand.depths), accepted, state.size,
+                            request.clock.seconds["forward"], request.past,
+                            riding=len(state.flat.nodes), drafted_hits=sum(cand.drafted[i] for i in accepted))
+
+    def expand(self, state: ProgressiveState, logits: torch.Tensor, clock: PhaseClock) -> None:
+        """Phase 4: every riding draft node gains the model's argmax (``logits [q, vocab]``, its
+        rows after the verified head) as a child; new paths go into the tries; stepping and the
+        root window prune the draft tree."""
         with clock.phase("expand"):
+            flat, m = state.flat, state.head
             choices = logits[m:].argmax(dim=-1).tolist() if flat.nodes else []  # drafts grow greedily
             for p in self.forest.expand(flat, choices):
                 self.tries.harvest(p, drafted=True)
             grown = self.forest.flatten()
             self.forest.step_depth()
-            self.forest.add_branch(int(verdict.bonus))
-            draft = growth_view(root, flat, grown, self.forest.flatten())
-        step = self.finish_tree_step(tokens, tree, ["root"] + ["trie"] * len(cand.tokens), verdict, path, clock,
-                                     verified=m)
-        step.draft_tree = draft
-        if self.config.harvest_context:
-            self.harvest_text(len(step.committed))
-        if self.planner is not None:
-            self.planner.record_host(tokens.shape[0], time.perf_counter() - started - clock.seconds["forward"])
-        return step
+            self.forest.add_branch(int(state.verdict.bonus))
+            state.grown = growth_view(state.root, flat, grown, self.forest.flatten())
 
     def harvest_text(self, count: int) -> None:
         """Harvest the n-gram ending at each of the context's last ``count`` tokens (prompt and output)."""
@@ -106,16 +136,16 @@ class ProgressiveTreeDecoder(TreeDecoder):
         for j in range(max(len(context) - count, 1), len(context)):
             self.tries.harvest(context[max(0, j - n + 1):j + 1])
 
-    def step_input(self, root: int, cand: list[int], cand_parents: list[int], cand_depths: list[int],
-                   flat: FlatForest):
-        """``tokens [q]``, the forest's tensors, and ``m`` = 1 + candidates (the verified head)."""
-        m = 1 + len(cand)
-        parents = [0] + cand_parents + [(p + m if p >= 0 else -1) for p in flat.parents]
+    def step_input(self, root: int, cand: Candidates, flat: FlatForest) -> tuple[torch.Tensor, TreeTensors]:
+        """``tokens [q]`` (the root, the candidates, the riding draft nodes) and their tensors; the
+        first ``1 + len(cand.tokens)`` form the verified tree."""
+        m = 1 + len(cand.tokens)
+        parents = [-1] + cand.parents + [(p + m if p >= 0 else -1) for p in flat.parents]
         # A first-level draft node sits at the root's position (depth 0), its children below it.
-        depths = [0] + cand_depths + [d - 1 for d in flat.depths]
+        depths = [0] + cand.depths + [d - 1 for d in flat.depths]
         tree = TreeTensors.from_parents(parents, depths, self.lm.device, self.lm.dtype)
-        tokens = torch.tensor([root] + cand + flat.tokens, dtype=torch.long, device=self.lm.device)
-        return tokens, tree, m
+        tokens = torch.tensor([root] + cand.tokens + flat.tokens, dtype=torch.long, device=self.lm.device)
+        return tokens, tree
 
 
 def draft_view(root: int, flat: FlatForest) -> DraftTree:

@@ -1,32 +1,36 @@
-"""Token Recycling (Luo et al., ACL 2025): drafts from a matrix of recycled top-k candidates.
+"""Token Recycling with our additions: the paper's method (``paper.py``) plus stages that plug into
+its pipeline by name.  Each is one row of ``python -m tr_core.bench.ablate``; all off
+(:meth:`Additions.none`) is the paper's method again.
 
-Each step, in the paper's phases:
-  1. retrieve  - BFS from the last committed token over a static tree shape, reading ``M`` (a node's
-     pair row instead, ``P[(parent, node)]``, where that pair was seen: ``tr_core.pairs``); nodes
-     drafted from rows never written are left out (optionally plus the continuation of the longest
-     suffix match over the context, joined to the tree where its tokens are drafted: ``lookup`` > 0)
-  2. forward   - root + tree in one forward with tree attention (position = prefix + depth)
-  3. verify    - longest path whose tokens equal the model's argmax, plus the model's own token
-  4. update    - ``M[token] = topk(logits)`` at *every* input, accepted or not (the recycling), and
-     ``P[(parent, token)]`` alike; where a token occurs twice, the row from the committed text wins
-  5. prune     - keep only the accepted path's KV entries
+* draft    - rows by token, or by pair (:class:`RowsByPair`: a node's children come from the row of
+             the pair (its parent, itself) where that pair was seen, ``tr_core.pairs``), then the
+             drafting stages in order: :class:`DropBlankDrafts` (no forward tokens for drafts from
+             rows never written), then :class:`GraftContinuation` (the context's continuation joined
+             to the tree where its tokens are drafted) or :class:`FillBudget` (the best
+             ``node_budget`` nodes of the tree and the continuation, by estimated acceptance)
+* forward, verify, prune - the paper's
+* recycle  - rows by token and by pair; where a token occurs twice, the row of the accepted path's
+             node wins (:func:`verified_first`) rather than the last written (:func:`last_write_wins`)
+* plan     - the cost-aware tree (``tree="auto"``, ``tr_core.planner``) learns this step's
+             acceptance and cost, and re-plans the shape
 """
 from __future__ import annotations
 
 import time
-from typing import ClassVar
+from dataclasses import dataclass, field, replace
 
 import torch
 
 from ..lookup import control_tokens, graft_point, lookup_longest, lookup_with_ngram, match_bucket, until_control
-from ..matrix import AdjacencyMatrix
+from ..matrix import AdjacencyMatrix, RowsWritten
 from ..models import LoadedModel
 from ..planner import TreePlanner, allocate
 from ..sampling import SamplingConfig
 from ..trace import RowUpdate, Step
-from ..trees import TreeShape, load_tree
-from .base import PhaseClock
-from .tree_step import TreeDecoder
+from ..trees import TreeShape
+from .base import ForwardRequest, PhaseClock
+from .paper import PAPER_TREE, PaperTokenRecycling, last_occurrences
+from .tree_step import StepState
 
 # The same defaults on every device: the cost-aware tree, planned from the cost curve measured where
 # the model runs, so a GPU whose extra tokens are nearly free gets a large tree and a CPU a small one.
@@ -36,79 +40,299 @@ DEFAULT_LOOKUP = 24  # the planner cuts each continuation to what pays (long whi
 RETRIEVALS = {"suffix": lookup_longest, "ngram": lookup_with_ngram}  # how the context continuation is found
 
 
-class TokenRecyclingDecoder(TreeDecoder):
-    """``matrix`` may be shared between decoders and requests: that is the hot start."""
+@dataclass(frozen=True)
+class Additions:
+    """Our additions to the paper's method, each on its own switch.
 
-    method = "tr"
+    ``lookup``: longest continuation retrieved from the context and merged into each tree (0: none);
+    ``retrieval``: ``"suffix"`` (the longest suffix match over the whole context) or ``"ngram"``
+    (prompt lookup's 3..1-gram); ``drop_blank``: no forward tokens for drafts from rows never
+    written; ``verified_rows``: where a token occurs twice in a tree, its row is written from the
+    committed text; ``pair_rows``: rows by pair beside rows by token; ``node_budget``: at most this
+    many draft nodes a step, tree and continuation together, the best by the planner's estimates (a
+    GPU's fixed budget, e.g. the paper's 80).  A budget is filled from the auto tree's universe
+    drafted in full, so it needs ``tree="auto"``."""
 
-    def __init__(self, lm: LoadedModel, tree: TreeShape | str | list | None = None, k: int = 8,
-                 matrix: AdjacencyMatrix | None = None, max_new_tokens: int = 128, trace_rows: bool = True,
-                 lookup: int | None = None, planner: TreePlanner | None = None,
-                 sampling: SamplingConfig | None = None, verified_rows: bool = True,
-                 drop_blank: bool = True, retrieval: str = "suffix", node_budget: int | None = None,
-                 pair_rows: bool = True):
-        """``tree``: a shape, a preset name, rank paths, or ``"auto"`` (the cost-aware tree, planned by
-        ``planner``, which like ``matrix`` may be shared across requests).  ``lookup``: longest
-        continuation retrieved from the context and merged into each tree (0 = none; None = the
-        default; 0 with ``drop_blank``, ``verified_rows`` and ``pair_rows`` off is the paper's method
-        alone: :meth:`paper`).  ``sampling``: lossless sampling instead of greedy decoding.
-        ``verified_rows``: where a token occurs twice in a tree, the row written is the one from the
-        committed text (:meth:`verified_first`); False: the paper's last-write-wins.  ``drop_blank``:
-        no forward tokens for drafts from rows never written (:meth:`drop_blank_drafts`); False: the
-        paper's full shape.  ``retrieval``: ``"suffix"`` (the longest suffix match over the whole
-        context) or ``"ngram"`` (prompt lookup's 3..1-gram) for the grafted continuation.
-        These settings, with ``pair_rows`` and ``node_budget``, are the rows of ``python -m tr_core.bench.ablate``.
-        ``node_budget``: at most this many draft nodes a step, tree and continuation together, the
-        best by the planner's estimates (a GPU's fixed budget, e.g. the paper's 80); the tree is then
-        ``"auto"``'s universe, drafted in full and cut each step (:func:`tr_core.planner.allocate`).
-        ``pair_rows``: draft a node's children from the row of the pair (its parent, itself) where that
-        pair was seen, and write pair rows with ``M``'s (``tr_core.pairs``); False: ``M``'s rows alone,
-        as the paper."""
-        super().__init__(lm, max_new_tokens, sampling)
-        self.lookup = DEFAULT_LOOKUP if lookup is None else int(lookup)
-        if tree is None or tree == "default" or node_budget is not None:
-            tree = DEFAULT_TREE
-        if node_budget is not None and node_budget < 1:
-            raise ValueError("node_budget must be at least 1")
-        if planner is not None and planner.budget != node_budget:  # else the budget would plan unchecked
-            raise ValueError(f"the planner's budget ({planner.budget}) and node_budget ({node_budget}) must agree")
-        self.node_budget = node_budget
-        self.planner = (planner or TreePlanner(lm, k=k, budget=node_budget)) if tree == "auto" else None
-        if self.planner is not None:
-            self.planner.use_temperature(sampling.temperature if sampling is not None else 0.0)
-            tree = self.planner.tree
-        if matrix is None:
-            matrix = AdjacencyMatrix(lm.vocab_size, k, lm.device, lm.fingerprint)
-        if matrix.fingerprint != lm.fingerprint or matrix.vocab_size != lm.vocab_size:
-            raise ValueError("The matrix belongs to another vocabulary than the model.")
-        self.matrix = matrix
-        self.trace_rows = trace_rows
-        if retrieval not in RETRIEVALS:
-            raise ValueError(f"retrieval must be one of {', '.join(RETRIEVALS)} (got {retrieval!r})")
-        self.verified_rows, self.drop_blank, self.retrieve_context = verified_rows, drop_blank, RETRIEVALS[retrieval]
-        self.pair_rows = pair_rows
-        self.control_ids = control_tokens(lm.tokenizer)  # where a retrieved copy stops
-        self.set_tree(tree)
-
-    PAPER: ClassVar[dict] = {"lookup": 0, "drop_blank": False, "verified_rows": False,
-                             "pair_rows": False}  # the paper's method exactly
+    lookup: int = DEFAULT_LOOKUP
+    retrieval: str = "suffix"
+    drop_blank: bool = True
+    verified_rows: bool = True
+    pair_rows: bool = True
+    node_budget: int | None = None
 
     @classmethod
-    def paper(cls, lm: LoadedModel, tree: TreeShape | str | list = "paper-80", **kw) -> TokenRecyclingDecoder:
-        """The paper's method exactly, on ``tree``: the full shape every step (blank drafts included),
-        last write wins, rows by token alone, no retrieval branch."""
-        return cls(lm, tree=tree, **cls.PAPER, **kw)
+    def none(cls) -> "Additions":
+        """Every addition off: the paper's method."""
+        return cls(lookup=0, drop_blank=False, verified_rows=False, pair_rows=False)
+
+    def check(self, tree) -> None:
+        """``ValueError`` in plain words where these settings cannot run on ``tree``."""
+        if self.retrieval not in RETRIEVALS:
+            raise ValueError(f"retrieval must be one of {', '.join(RETRIEVALS)} (got {self.retrieval!r})")
+        if self.lookup < 0:
+            raise ValueError("lookup must be at least 0")
+        if self.node_budget is not None and self.node_budget < 1:
+            raise ValueError("node_budget must be at least 1")
+        if self.node_budget is not None and tree != "auto":
+            raise ValueError(f"node_budget fills each step from the auto tree's universe: use tree='auto' "
+                             f"(got tree={tree if isinstance(tree, str) else getattr(tree, 'name', 'a shape')!r})")
+
+
+@dataclass
+class Continuation:
+    """The context's continuation (``chain``) and where it joins the drafted tree: its first
+    ``offset`` tokens are drafted already, down to node ``attach``; ``rest`` hangs below it.
+    ``key``: the match's statistics key (``lookup.match_bucket``)."""
+
+    chain: list[int]
+    attach: int
+    rest: list[int]
+    key: int
+
+    @property
+    def offset(self) -> int:
+        return len(self.chain) - len(self.rest)
+
+
+@dataclass
+class Offer:
+    """What a step grafted from the context: the match's key and the continuation as far as drafted."""
+
+    key: int
+    tokens: list[int]
+
+
+@dataclass
+class RecyclingState(StepState):
+    """A Token Recycling step.  ``shape``: the static shape drafted from; ``kept``: each node's
+    index in it (root 0; a grafted node has none); ``before``: the token committed before the root
+    (keys its pair row; None: rows by token); ``paired [q]`` bool: the nodes a pair row drafted;
+    ``blank_drafts``: the shape's nodes left out as blank; ``blank_parents``: the shape's nodes whose
+    children were left out; ``grafted``: continuation nodes appended; ``offer``: what they were."""
+
+    shape: TreeShape | None = None
+    kept: list[int] = field(default_factory=list)
+    before: int | None = None
+    paired: torch.Tensor | None = None
+    blank_drafts: int = 0
+    blank_parents: list[int] = field(default_factory=list)
+    grafted: int = 0
+    offer: Offer | None = None
+
+    def drafted(self) -> list[tuple[int, ...]]:
+        """The drafted nodes' rank paths in ``shape`` (the root not counted)."""
+        return [self.shape.paths[i - 1] for i in self.kept[1:]]
+
+    def keep(self, keep: torch.Tensor) -> None:
+        """Only the nodes where ``keep [q]`` (bool, closed under ancestors; the shape's nodes first)."""
+        flags = keep.tolist()
+        self.tokens, self.tree = self.tokens[keep], self.tree.select(keep)
+        self.kept = [k for k, f in zip(self.kept, flags) if f]
+        self.sources = [s for s, f in zip(self.sources, flags) if f]
+
+    def graft(self, cont: Continuation, n: int) -> None:
+        """Append the first ``n`` tokens of ``cont.rest`` as a chain under ``cont.attach``."""
+        copied = torch.tensor(cont.rest[:n], dtype=self.tokens.dtype, device=self.tokens.device)  # [n]
+        self.tokens, self.tree = torch.cat([self.tokens, copied]), self.tree.graft_chain(cont.attach, n)
+        self.sources = self.sources + ["lookup"] * n
+        self.grafted, self.offer = n, Offer(cont.key, cont.chain[:cont.offset + n])
+
+
+# ---- where a node's row comes from -------------------------------------------------------------
+class RowsByToken:
+    """The paper's rows: ``M[token]`` alone."""
+
+    def before_root(self, dec) -> int | None:
+        return None
+
+    def before_each(self, state: RecyclingState) -> torch.Tensor | None:
+        return None
+
+    def seed_positions(self, prompt: torch.Tensor):
+        """Each token's last occurrence (as ``PaperTokenRecycling.seed_positions``), no keys."""
+        return last_occurrences(prompt).nonzero().squeeze(1), None
+
+
+class RowsByPair(RowsByToken):
+    """Pair rows beside ``M``'s (``tr_core.pairs``): drafted from where the pair was seen, written
+    from every input's logits keyed by (the token before it, itself)."""
+
+    def before_root(self, dec) -> int | None:
+        """The token committed before the root (None before a second token)."""
+        if len(dec.output) >= 2:
+            return dec.output[-2]
+        return (dec.prompt + dec.output)[-2] if len(dec.prompt) + len(dec.output) >= 2 else None
+
+    def before_each(self, state: RecyclingState) -> torch.Tensor | None:
+        """``[q]``: the token before each input (its parent's; the root's: ``state.before``)."""
+        if state.before is None:
+            return None
+        prior = state.tokens[state.tree.parents.clamp(min=0)]
+        prior[0] = state.before
+        return prior
+
+    def seed_positions(self, prompt: torch.Tensor):
+        """Every prompt position, each keyed by the token before it (-1: the first has none)."""
+        before = torch.cat([torch.tensor([-1], dtype=prompt.dtype, device=prompt.device), prompt[:-1]])
+        return torch.arange(prompt.shape[0], device=prompt.device), before
+
+
+# ---- which row a token drafted twice keeps -----------------------------------------------------
+def last_write_wins(state: RecyclingState) -> None:
+    """The paper's rule: no priorities."""
+    return None
+
+
+def verified_first(state: RecyclingState) -> torch.Tensor:
+    """``[q]`` long write priorities: the accepted path's nodes (root included), whose logits saw
+    the text as it is, over the rejected branches'."""
+    priority = torch.zeros(state.size, dtype=torch.long, device=state.tokens.device)
+    priority[state.path] = 1
+    return priority
+
+
+# ---- drafting stages ---------------------------------------------------------------------------
+class DropBlankDrafts:
+    """No forward tokens for nodes drafted from a row never written (their tokens are the row's
+    zeros, not predictions) nor for anything below them."""
+
+    phase = "retrieve"
+
+    def __call__(self, dec: TokenRecyclingDecoder, state: RecyclingState) -> None:
+        blank = dec.matrix.blank_drafts(state.tokens, state.tree, state.paired)  # [q]
+        if not bool(blank.any()):
+            return
+        keep = ~blank
+        parents = state.tree.parents.clamp(min=0)
+        tops = blank & keep[parents]  # a blank draft under a kept node: the top of a left-out branch
+        state.blank_parents = sorted(set(parents[tops].tolist()))
+        state.keep(keep)
+        state.blank_drafts = state.shape.size + 1 - len(state.kept)
+
+
+class GraftContinuation:
+    """The context's continuation (``retrieve``, up to ``length`` tokens) joins the tree where its
+    tokens are already drafted and runs on from there; with a planner, only as far as it pays."""
+
+    phase = "lookup"
+
+    def __init__(self, retrieve, length: int):
+        self.retrieve, self.length = retrieve, length
+
+    def __call__(self, dec: TokenRecyclingDecoder, state: RecyclingState) -> None:
+        cont = find_continuation(dec, state, self.retrieve, self.length)
+        if cont is None:
+            return
+        n = len(cont.rest)
+        if dec.planner is not None:
+            pruned = len(state.kept) < state.shape.size + 1  # else the plan's own expectation holds
+            n = dec.planner.lookup_length(state.size, cont.key, cont.offset, n, state.drafted() if pruned else None)
+        if n:
+            state.graft(cont, n)
+
+
+class FillBudget:
+    """The drafted nodes and the context's continuation compete for ``budget`` draft nodes, the
+    best by estimated acceptance (:func:`tr_core.planner.allocate`): where drafts were blank or the
+    tree's deep nodes unlikely, a long copy takes their place."""
+
+    phase = "lookup"
+
+    def __init__(self, budget: int, retrieve, length: int):
+        self.budget, self.retrieve, self.length = budget, retrieve, length
+
+    def __call__(self, dec: TokenRecyclingDecoder, state: RecyclingState) -> None:
+        planner, n_tree = dec.planner, state.size
+        estimates = [planner.stats.estimate(p) for p in state.drafted()]  # [n_tree - 1]
+        parents = state.tree.parents.tolist()
+        cont = find_continuation(dec, state, self.retrieve, self.length) if self.length else None
+        rest = cont.rest if cont is not None else []
+        estimates += [planner.chain.estimate(cont.key, cont.offset + j, planner.hot) for j in range(len(rest))]
+        parents += [n_tree + j - 1 if j else cont.attach for j in range(len(rest))]
+        nodes = allocate(estimates, parents, self.budget)  # tree nodes first, then the chain's
+        grafted = sum(i >= n_tree for i in nodes)
+        if grafted:
+            state.graft(cont, len(rest))
+        if len(nodes) < state.size:
+            keep = torch.zeros(state.size, dtype=torch.bool, device=state.tokens.device)
+            keep[nodes] = True
+            state.keep(keep)
+        if grafted:
+            state.grafted, state.offer = grafted, Offer(cont.key, cont.chain[:cont.offset + grafted])
+
+
+def find_continuation(dec: TokenRecyclingDecoder, state: RecyclingState, retrieve, length: int) -> Continuation | None:
+    """The context's continuation (up to ``length`` tokens, cut before the chat template's control
+    tokens) and where it joins the drafted tree; None where the context has none."""
+    chain, match = retrieve(dec.context_ids(), length)
+    chain = until_control(chain, dec.control_ids, dec.lm.eos_token_ids)
+    if not chain:
+        return None
+    whole = len(state.kept) == state.shape.size + 1 and not state.grafted
+    children = state.shape.children if whole else state.tree.children()
+    attach, rest = graft_point(state.tokens.tolist(), children, chain)
+    return Continuation(chain, attach, rest, match_bucket(match))
+
+
+def drafting_stages(additions: Additions) -> list:
+    """The drafting stages ``additions`` switch on, in the order they run."""
+    stages: list = [DropBlankDrafts()] if additions.drop_blank else []
+    retrieve = RETRIEVALS[additions.retrieval]
+    if additions.node_budget is not None:
+        stages.append(FillBudget(additions.node_budget, retrieve, additions.lookup))
+    elif additions.lookup:
+        stages.append(GraftContinuation(retrieve, additions.lookup))
+    return stages
+
+
+class TokenRecyclingDecoder(PaperTokenRecycling):
+    """The paper's method with ``additions`` (default: all of ours, the auto tree)."""
+
+    def __init__(self, lm: LoadedModel, tree: TreeShape | str | list | None = None, k: int = 8,
+                 matrix: AdjacencyMatrix | None = None, max_new_tokens: int = 128,
+                 sampling: SamplingConfig | None = None, trace_rows: bool = True,
+                 planner: TreePlanner | None = None, additions: Additions | None = None, **changes):
+        """``tree``: a shape, a preset name, rank paths, or ``"auto"`` (the default: the cost-aware
+        tree, planned by ``planner``, which like ``matrix`` may be shared across requests).
+        ``additions``: which of ours run (default :class:`Additions`); ``changes``: any of its
+        fields by name, e.g. ``lookup=0`` (``TypeError`` for another name).  Other arguments as
+        :class:`PaperTokenRecycling`."""
+        additions = replace(additions or Additions(), **changes)
+        tree = DEFAULT_TREE if tree is None or tree == "default" else tree
+        additions.check(tree)
+        self.additions = additions
+        self.planner = self.make_planner(lm, tree, k, planner, sampling)
+        self.rows = RowsByPair() if additions.pair_rows else RowsByToken()
+        self.write_rule = verified_first if additions.verified_rows else last_write_wins
+        self.stages = drafting_stages(additions)
+        self.control_ids = control_tokens(lm.tokenizer)  # where a retrieved copy stops
+        super().__init__(lm, self.planner.tree if self.planner is not None else tree, k, matrix, max_new_tokens,
+                         sampling, trace_rows)
+
+    @classmethod
+    def paper(cls, lm: LoadedModel, tree: TreeShape | str | list = PAPER_TREE, **kw) -> PaperTokenRecycling:
+        """The paper's method exactly, on ``tree`` (:class:`PaperTokenRecycling`)."""
+        return PaperTokenRecycling(lm, tree, **kw)
+
+    def make_planner(self, lm, tree, k: int, planner: TreePlanner | None, sampling) -> TreePlanner | None:
+        """The cost-aware tree's planner (``tree == "auto"``: ``planner``, or a new one), else None."""
+        budget = self.additions.node_budget
+        if planner is not None and planner.budget != budget:  # else the budget would plan unchecked
+            raise ValueError(f"the planner's budget ({planner.budget}) and node_budget ({budget}) must agree")
+        if tree != "auto":
+            return None
+        planner = planner or TreePlanner(lm, k=k, budget=budget)
+        planner.use_temperature(sampling.temperature if sampling is not None else 0.0)
+        return planner
+
+    @property
+    def lookup(self) -> int:
+        return self.additions.lookup
 
     def set_tree(self, tree: TreeShape | str | list | None) -> None:
         """Use another tree shape from the next step on."""
-        if tree is None or tree == "default":
-            tree = DEFAULT_TREE
-        shape = tree if isinstance(tree, TreeShape) else load_tree(tree, k=self.matrix.k)
-        if shape.max_rank >= self.matrix.k:
-            raise ValueError(f"Tree {shape.name!r} needs rank {shape.max_rank}, but k={self.matrix.k}.")
-        self.tree = shape
-        self.tree_t = shape.tensors(self.lm.device, self.lm.dtype)
-        deepest = self.planner.universe.depth if self.planner is not None else shape.depth
+        super().set_tree(DEFAULT_TREE if tree is None or tree == "default" else tree)
+        deepest = self.planner.universe.depth if self.planner is not None else self.tree.depth
         self.lookahead = max(deepest, self.lookup) + 1
 
     def start(self, prompt_ids) -> None:
@@ -117,214 +341,62 @@ class TokenRecyclingDecoder(TreeDecoder):
             self.planner.begin_text()
         super().start(prompt_ids)
 
-    def prefill(self, prefix: torch.Tensor, chunk: int = 256) -> None:
-        """Run the prompt ``prefix [L]`` (all but its last token) into the cache, and seed ``M`` (and
-        the pair rows) from the whole prompt.
+    def seed_positions(self, prompt: torch.Tensor):
+        return self.rows.seed_positions(prompt)
 
-        The forward takes the last prompt token too, so ``M[last]`` (and its pair row) holds the
-        model's own top-k for the first new token: step 1's first drafts are exact.  That token's KV
-        entry is then cropped, so the cache ends where every decoder's does and step 1 runs the last
-        token as its root.  The output head and top-k run ``chunk`` positions at a time
-        (``hidden [L + 1, d]`` -> ``logits [chunk, vocab]``), a bounded amount of memory.  Pair rows
-        are seeded from every position (position ``i``'s pair is ``(prompt[i-1], prompt[i])``).
-        Without them only the last occurrence of each token can survive in ``M`` (last write wins),
-        so the head runs at those positions alone: the same matrix, for about half the head's work."""
-        prompt = torch.cat([prefix, torch.tensor([self.prompt[-1]], dtype=prefix.dtype, device=prefix.device)])
-        hidden = self.forward_hidden(prompt[None])  # [L + 1, d]
-        self.cache.crop(-1)  # the last prompt token is step 1's root
-        pairs = self.pair_rows
-        positions = torch.arange(prompt.shape[0]) if pairs else last_occurrences(prompt).nonzero().squeeze(1)  # [u]
-        head = self.lm.model.get_output_embeddings()
-        with torch.inference_mode():
-            for s in range(0, positions.shape[0], chunk):
-                rows = positions[s:s + chunk].to(prompt.device)
-                before = torch.where(rows > 0, prompt[(rows - 1).clamp(min=0)], -1) if pairs else None  # -1: no pair
-                self.matrix.seed_from_prompt(prompt[rows], head(hidden[rows]), before)
+    # ---- the step: the paper's, with our stages --------------------------------------------
+    def draft(self, clock: PhaseClock) -> RecyclingState:
+        """The rows' BFS over the shape, then each drafting stage in its timing phase."""
+        with clock.phase("retrieve"):
+            state = self.retrieve()
+        for stage in self.stages:
+            with clock.phase(stage.phase):
+                stage(self, state)
+        return state
+
+    def retrieve(self) -> RecyclingState:
+        """``tokens [q]`` by BFS from the root over the current shape, from pair rows where seen."""
+        tree, before = self.tree_t, self.rows.before_root(self)
+        tokens = self.matrix.retrieve_draft_tree(self.last, tree, before)  # [q]
+        paired = self.matrix.from_pairs(tokens, tree, before) if before is not None else None  # [q]
+        pair = paired[1:].tolist() if paired is not None else [False] * (tokens.shape[0] - 1)
+        empty = self.matrix.empty_rows(tokens[tree.parents[1:]]).tolist()
+        sources = ["root"] + ["pair" if p else "empty" if e else "matrix" for p, e in zip(pair, empty)]
+        return RecyclingState(tokens, tree, sources, shape=self.tree, kept=list(range(tokens.shape[0])),
+                              before=before, paired=paired)
+
+    def recycle(self, state: RecyclingState, logits: torch.Tensor, clock: PhaseClock) -> RowsWritten:
+        """Rows by token (and by pair), every input's; a twice-drafted token keeps ``write_rule``'s row."""
+        with clock.phase("update"):
+            return self.matrix.recycle(state.tokens, logits, keep_old=self.trace_rows,
+                                       priority=self.write_rule(state), before=self.rows.before_each(state))
 
     @torch.inference_mode()
-    def step(self) -> Step:
-        self._check_running()
-        started = time.perf_counter()
-        tree, clock = self.tree_t, PhaseClock(self.lm.device)
-        before = self.before_root()
-        with clock.phase("retrieve"):
-            tokens = self.matrix.retrieve_draft_tree(self.last, tree, before)  # [q]
-            paired = self.matrix.from_pairs(tokens, tree, before) if before is not None else None  # [q]
-            tokens, tree, kept, blank_parents = self.drop_blank_drafts(tokens, tree, paired)
-            sources = ["root"] + self.draft_sources(tokens, tree, None if paired is None else paired[kept])
-        shape, grafted, offered, blank = self.tree, 0, None, self.tree.size + 1 - len(kept)
-        drafted = [shape.paths[i - 1] for i in kept[1:]] if self.planner is not None else None  # rank paths
-        if self.node_budget is not None:
-            with clock.phase("lookup"):
-                tokens, tree, kept, drafted, sources, grafted, offered = self.fill_budget(
-                    tokens, tree, kept, drafted, sources)
-        elif self.lookup:
-            with clock.phase("lookup"):
-                tokens, tree, grafted, offered = self.graft_lookup(tokens, tree, kept, drafted)
-        sources += ["lookup"] * grafted
-        logits, verdict, path = self.verify_tree(tokens, tree, clock)
-        with clock.phase("update"):
-            rows = self.matrix.recycle(tokens, logits, keep_old=self.trace_rows,
-                                       priority=self.verified_first(tokens, path),
-                                       before=self.tokens_before(tokens, tree, before))
-        if self.planner is not None:
-            self.plan_next(shape, kept, drafted, path, tokens, offered, clock.seconds["forward"])
-        step = self.finish_tree_step(tokens, tree, sources, verdict, path, clock,
-                                     _row_updates(rows) if self.trace_rows else None)
-        step.blank_drafts = blank
-        index = {shape_node: i for i, shape_node in enumerate(kept)}  # the verified tree's node of each kept one
-        step.blank_under = sorted({index[p] for p in blank_parents if p in index})
-        if self.planner is not None:
-            self.planner.record_host(tokens.shape[0], time.perf_counter() - started - clock.seconds["forward"])
+    def finish_step(self, request: ForwardRequest, logits: torch.Tensor) -> Step:
+        """The paper's verify, recycle, prune and record, then plan."""
+        step = super().finish_step(request, logits)
+        self.plan(request.draft, request)
         return step
 
-    def before_root(self) -> int | None:
-        """The token committed before the root, which keys the root's pair row (None without pair rows
-        or before a second token)."""
-        if not self.pair_rows:
-            return None
-        if len(self.output) >= 2:
-            return self.output[-2]
-        return (self.prompt + self.output)[-2] if len(self.prompt) + len(self.output) >= 2 else None
+    def to_step(self, state: RecyclingState, request: ForwardRequest, rows: list[RowUpdate] | None = None) -> Step:
+        step = super().to_step(state, request, rows)
+        step.blank_drafts = state.blank_drafts
+        index = {node: i for i, node in enumerate(state.kept)}  # the verified tree's node of each kept one
+        step.blank_under = sorted({index[p] for p in state.blank_parents if p in index})
+        return step
 
-    def tokens_before(self, tokens: torch.Tensor, tree, before: int | None) -> torch.Tensor | None:
-        """``[q]``: the token before each input (its parent's; the root's: ``before``), which keys the
-        pair row its logits write; None without pair rows."""
-        if before is None:
-            return None
-        prior = tokens[tree.parents]
-        prior[0] = before
-        return prior
-
-    def drop_blank_drafts(self, tokens: torch.Tensor, tree, paired: torch.Tensor | None = None):
-        """Phase 1's last part: no forward tokens for nodes drafted from a row never written (their
-        tokens are the row's zeros, not predictions) nor for anything below them; ``paired [q]``:
-        the nodes a pair row drafted (never blank).
-
-        Returns (tokens [q'], tree tensors [q'], the kept nodes' indices in the static shape, the
-        indices in the static shape of the kept nodes whose children were left out)."""
-        blank = self.matrix.blank_drafts(tokens, tree, paired) if self.drop_blank else None  # [q]
-        if blank is None or not bool(blank.any()):
-            return tokens, tree, list(range(tokens.shape[0])), []
-        keep = ~blank
-        sub = tree.select(keep)
-        parents = tree.parents.clamp(min=0)
-        tops = blank & keep[parents]  # a blank draft under a kept node: the top of a left-out branch
-        return tokens[keep], sub, sub.kept.tolist(), sorted(set(parents[tops].tolist()))
-
-    def draft_sources(self, tokens: torch.Tensor, tree, paired: torch.Tensor | None = None) -> list[str]:
-        """Each draft node's source: ``"matrix"``, ``"pair"`` where its parent's pair row drafted it
-        (``paired [q]``), or ``"empty"`` where it was drafted from a row never written (only where
-        blank drafts are kept, the paper's method: else none are left)."""
-        if tokens.shape[0] == 1:
-            return []
-        pair = paired[1:].tolist() if paired is not None else None
-        empty = None if self.drop_blank else self.matrix.empty_rows(tokens[tree.parents[1:]]).tolist()
-        return ["pair" if pair and pair[i] else "empty" if empty and empty[i] else "matrix"
-                for i in range(tokens.shape[0] - 1)]
-
-    def verified_first(self, tokens: torch.Tensor, path: list[int]):
-        """``[q]`` long write priorities for phase 4, or None for the paper's rule (last write wins).
-
-        Where a token occurs twice in the tree, the row written is the one from the accepted path
-        (root included), whose logits saw the text as it is, not one from a rejected branch."""
-        if not self.verified_rows:
-            return None
-        priority = torch.zeros(tokens.shape[0], dtype=torch.long, device=tokens.device)
-        priority[path] = 1
-        return priority
-
-    def graft_lookup(self, tokens: torch.Tensor, tree, kept: list[int], drafted: list | None = None):
-        """Merge the continuation retrieved from the context (``retrieval``: the longest suffix match,
-        or prompt lookup's n-gram) into the tree: it joins the tree where the drafted tokens already
-        follow it (``graft_point``) and runs on from there (with a planner: only as many tokens as
-        are expected to pay).  ``kept``: the drafted nodes' indices in the static shape, ``drafted``
-        their rank paths (with a planner).
-
-        Returns (tokens [q'], tree tensors, grafted node count, what was offered: None, or the match's
-        statistics key and the continuation's tokens as far as they are drafted)."""
-        chain, attach, rest, key = self.retrieve_continuation(tokens, tree, kept)
-        if not chain:
-            return tokens, tree, 0, None
-        offset = len(chain) - len(rest)
-        if self.planner is not None:
-            pruned = len(kept) < self.tree.size + 1  # else the plan's own expectation holds
-            rest = rest[:self.planner.lookup_length(tokens.shape[0], key, offset, len(rest),
-                                                    drafted if pruned else None)]
-        if not rest:
-            return tokens, tree, 0, None
-        grafted = torch.tensor(rest, dtype=tokens.dtype, device=tokens.device)
-        return (torch.cat([tokens, grafted]), tree.graft_chain(attach, len(rest)), len(rest),
-                (key, chain[:offset + len(rest)]))
-
-    def fill_budget(self, tokens: torch.Tensor, tree, kept: list[int], drafted: list, sources: list[str]):
-        """Phase 1 under a node budget: the drafted nodes (``kept``, by index in the static shape;
-        ``drafted``, their rank paths) and the continuation retrieved from the context (joined to the
-        tree where its tokens are already drafted) compete for ``node_budget`` draft nodes, the best
-        by estimated acceptance (:func:`tr_core.planner.allocate`): where drafts were blank or the
-        tree's deep nodes unlikely, a long copy takes their place.
-
-        Returns (tokens [q'], tree tensors, kept, drafted, the tree nodes' sources, grafted count,
-        offered: as ``graft_lookup``'s)."""
-        planner, n_tree = self.planner, tokens.shape[0]
-        estimates = [planner.stats.estimate(p) for p in drafted]  # [n_tree - 1]
-        parents = tree.parents.tolist()
-        chain, attach, rest, key = self.retrieve_continuation(tokens, tree, kept) if self.lookup else ([], 0, [], 0)
-        offset = len(chain) - len(rest)
-        estimates += [planner.chain.estimate(key, offset + j, planner.hot) for j in range(len(rest))]
-        parents += [n_tree + j - 1 if j else attach for j in range(len(rest))]
-        nodes = allocate(estimates, parents, self.node_budget)  # tree nodes first, then the chain's
-        kept, sources = [kept[i] for i in nodes if i < n_tree], [sources[i] for i in nodes if i < n_tree]
-        drafted, grafted = [drafted[i - 1] for i in nodes[1:] if i < n_tree], len(nodes) - len(kept)
-        if grafted:
-            tokens = torch.cat([tokens, torch.tensor(rest, dtype=tokens.dtype, device=tokens.device)])
-            tree = tree.graft_chain(attach, len(rest))
-        if len(nodes) < tokens.shape[0]:
-            keep = torch.zeros(tokens.shape[0], dtype=torch.bool, device=tokens.device)
-            keep[nodes] = True
-            tokens, tree = tokens[keep], tree.select(keep)
-        return tokens, tree, kept, drafted, sources, grafted, (key, chain[:offset + grafted]) if grafted else None
-
-    def retrieve_continuation(self, tokens: torch.Tensor, tree, kept: list[int]):
-        """The context's continuation (``retrieval``, up to ``lookup`` tokens) and where it joins the
-        drafted tree (``tokens [q]``; ``kept``: the drafted nodes' indices in the static shape).
-
-        Returns (the continuation, the node to hang its rest under, the rest not already drafted,
-        the match's statistics key); an empty continuation where the context has none."""
-        chain, match = self.retrieve_context(self.context_ids(), self.lookup)
-        chain = until_control(chain, self.control_ids, self.lm.eos_token_ids)
-        if not chain:
-            return [], 0, [], 0
-        children = self.tree.children if len(kept) == self.tree.size + 1 else tree.children()
-        attach, rest = graft_point(tokens.tolist(), children, chain)
-        return chain, attach, rest, match_bucket(match)
-
-    def plan_next(self, shape: TreeShape, kept: list[int], drafted: list, path: list[int], tokens: torch.Tensor,
-                  offered: tuple[int, list[int]] | None, forward_seconds: float) -> None:
-        """Feed this step's acceptance (the drafted nodes of ``shape``: ``kept`` by index, ``drafted``
-        by rank path; lookup tokens ``offered``) and forward time to the planner; switch trees when it
-        re-plans."""
-        accepted = [shape.paths[kept[i] - 1] for i in path[1:] if i < len(kept)]
-        if offered is not None:
-            key, chain = offered
-            along = tokens[path[1:]].tolist()
+    def plan(self, state: RecyclingState, request: ForwardRequest) -> None:
+        """Feed the planner this step's acceptance (drafted nodes by rank path, the continuation
+        offered), forward size and time, and host time; switch trees when it re-plans."""
+        if self.planner is None:
+            return
+        forward = request.clock.seconds["forward"]
+        accepted = [state.shape.paths[state.kept[i] - 1] for i in state.path[1:] if i < len(state.kept)]
+        if state.offer is not None:
+            along, chain = state.tokens[state.path[1:]].tolist(), state.offer.tokens
             run = next((i for i, (a, b) in enumerate(zip(chain, along)) if a != b), min(len(chain), len(along)))
-            self.planner.record_lookup(key, len(chain), run)
-        new = self.planner.record(drafted, accepted, tokens.shape[0], forward_seconds,
-                                   self.cache_length - tokens.shape[0])
+            self.planner.record_lookup(state.offer.key, len(chain), run)
+        new = self.planner.record(state.drafted(), accepted, state.size, forward, request.past)
         if new is not None:
             self.set_tree(new)
-
-
-def last_occurrences(tokens: torch.Tensor) -> torch.Tensor:
-    """``[L] bool``: True where ``tokens[i]`` does not occur again later in ``tokens [L]``."""
-    n = tokens.shape[0]
-    pos = torch.arange(n, device=tokens.device)
-    latest = torch.full((int(tokens.max()) + 1,), -1, dtype=torch.long, device=tokens.device)
-    latest.scatter_reduce_(0, tokens, pos, reduce="amax")
-    return latest[tokens] == pos
-
-
-def _row_updates(rows) -> list[RowUpdate]:
-    return [RowUpdate(token=t, old=o, new=n)
-            for t, o, n in zip(rows.tokens.tolist(), rows.old.tolist(), rows.new.tolist())]
+        self.planner.record_host(state.size, time.perf_counter() - request.started - forward)
