@@ -111,18 +111,25 @@ def wheel_from_installed(dist_name: str, package: str, out: Path) -> Path:
     return wheel
 
 
+def importable(package: str) -> bool:
+    try:
+        return importlib.util.find_spec(package) is not None
+    except (ImportError, ValueError):
+        return False
+
+
 def use_wheels(folder: Path | None) -> dict[str, str]:
     """Put each wheel of ``folder`` on ``sys.path`` whose package cannot be imported here; returns
     ``{package: where it comes from}`` ("installed", the wheel's path, or "missing")."""
     status = {}
     wheels = sorted(Path(folder).glob("*.whl")) if folder and Path(folder).is_dir() else []
     for dist, package in WHEEL_PACKAGES.items():
-        if importlib.util.find_spec(package) is not None:
+        if importable(package):
             status[package] = "installed"
             continue
         mine = [w for w in wheels if w.name.lower().startswith(dist.replace("-", "_").lower() + "-")]
         if mine:
             sys.path.insert(0, str(mine[-1]))
             importlib.invalidate_caches()
-        status[package] = str(mine[-1]) if mine and importlib.util.find_spec(package) else "missing"
+        status[package] = str(mine[-1]) if mine and importable(package) else "missing"
     return status
