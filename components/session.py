@@ -198,7 +198,7 @@ class Session:
         s.validate(cap)
         epoch = self.epoch
         if self.started_with is not None and self.started_with[1].model != s.model:
-            self.race = self.planner = self.planner_model = None  # let a model switch free the old one
+            self.race = self.planner = self.planner_model = self.running = None  # let a model switch free the old one
         try:
             lm = hub.get(s.model)
         except ModelLoadError as err:
@@ -327,6 +327,8 @@ class Session:
         """Drop every reference to model ``lm`` (the hub evicted it): its race and planner go."""
         if self.race is not None and self.race.decoder.lm is lm:
             self.race, self.started_with = None, None
+        if getattr(getattr(self.running, "decoder", None), "lm", None) is lm:
+            self.running = None
         if self.planner_model is lm:
             self.planner = self.planner_model = None
 
