@@ -257,3 +257,44 @@ def test_on_an_avx2_only_cpu_bfloat16_loads_with_plain_weights(tmp_path, tiny_lm
     packed, cpu, n = json.loads(done.stdout.strip().splitlines()[-1])
     assert packed == 0 and "bfloat16" not in cpu["onednn_packed"] and cpu["torch_isa"] in ("AVX2", "DEFAULT")
     assert n == 6
+
+
+def test_a_gpu_that_emulates_bfloat16_gets_float16(monkeypatch):
+    """T4/V100: ``is_bf16_supported(including_emulation=False)`` is False there (faked here)."""
+    monkeypatch.setattr(devices, "free_memory", lambda device: 16 * 2**30)
+    monkeypatch.setattr(devices, "float32_token_ratio", lambda device, shapes: 3.0)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    asked = []
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: asked.append(
+        including_emulation) or False)
+    gpu = torch.device("cuda", 0)
+    choice = devices.pick_dtype("auto", gpu, parameters=7_000_000_000)  # too big for float32
+    assert choice.dtype == torch.float16 and "emulates bfloat16" in choice.reason and asked == [False]
+    assert devices.pick_dtype("auto", gpu, parameters=1_000_000_000).dtype == torch.float16  # float32 dear
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: True)
+    assert devices.pick_dtype("auto", gpu, parameters=7_000_000_000).dtype == torch.bfloat16
+
+
+def test_near_the_threshold_the_dtype_rule_keeps_its_earlier_verdict(monkeypatch, tmp_path):
+    """A ratio near 1.5x (a 7B model on an H100) measured 1.45 at one start and 1.55 at the next keeps
+    the first verdict; far from the threshold the measurement decides."""
+    monkeypatch.setenv("TR_CACHE", str(tmp_path))
+    monkeypatch.setattr(devices, "free_memory", lambda device: 80 * 2**30)
+    gpu = torch.device("cuda", 0)
+    shapes = devices.layer_shapes(type("C", (), dict(hidden_size=64, num_attention_heads=4))())
+
+    def pick(ratio):
+        return devices.pick_dtype("auto", gpu, 7_000_000_000, shapes, measure=lambda device, s: ratio)
+    assert pick(1.45).dtype == torch.float32
+    assert pick(1.55).dtype == torch.float32 and "earlier verdict" in pick(1.55).reason
+    assert pick(2.0).dtype == torch.bfloat16 and pick(1.2).dtype == torch.float32  # outside the band
+    (tmp_path / "dtype_rule.json").unlink()
+    assert pick(1.55).dtype == torch.bfloat16 and pick(1.45).dtype == torch.bfloat16  # the other way round
+
+
+def test_the_dtype_probe_times_a_whole_layer_with_its_attention():
+    shapes = devices.layer_shapes(type("C", (), dict(hidden_size=64, intermediate_size=128, num_attention_heads=4,
+                                                     num_key_value_heads=2))())
+    assert shapes.attention == (4, 2, 16) and len(shapes) == 5
+    ratio = devices.float32_token_ratio(torch.device("cpu"), shapes, repeats=2)
+    assert ratio is not None and ratio > 0

@@ -408,7 +408,7 @@ def run_check(model: str | None = None, device: str | None = None, shapes: str =
         def exactness():
             out = {}
             for name in dtypes:
-                lm = (loaded or {}).get(name) or load_model(path, str(dev), name)
+                lm = (loaded or {}).get(name) or load_model(path, str(dev), name, prepack=False)
                 report["model"]["name"] = lm.name
                 ids = [lm.encode_prompt(p.text) for p in texts[:prompts]]
                 out[name] = check_exactness(lm, ids, tokens)
@@ -418,14 +418,14 @@ def run_check(model: str | None = None, device: str | None = None, shapes: str =
         part("exactness", exactness)
 
         def timed():
-            lm = models.get(timed_dtype) or (loaded or {}).get(timed_dtype) or load_model(path, str(dev), timed_dtype)
+            lm = models.get(timed_dtype) or (loaded or {}).get(timed_dtype) or load_model(path, str(dev), timed_dtype, prepack=False)
             return check_timed(lm, texts[:timed_prompts] if timed_prompts else texts, timed_tokens)
         part("timed", timed)
         measured = report["timed"].get("methods", {}) if isinstance(report["timed"], dict) else {}
         if "tr:paper-80" not in measured:
             measured = report["exactness"].get(timed_dtype, {}).get("methods", {})
         for name, fn in (parts or {}).items():
-            part_lm = models.get(timed_dtype) or load_model(path, str(dev), timed_dtype)
+            part_lm = models.get(timed_dtype) or load_model(path, str(dev), timed_dtype, prepack=False)
             report["parts"][name] = fn(part_lm, texts[0].text)
             save()
         models.clear()
