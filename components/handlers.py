@@ -13,10 +13,9 @@ import torch
 
 from tr_core.decoders.recycling import DEFAULT_LOOKUP
 from tr_core.devices import oom_message, release_device_memory
-
-from .memory import release_freed_memory
 from tr_core.models import ModelLoadError
 
+from .memory import release_freed_memory
 from .model_hub import ModelHub
 from .panels import draw_panels
 from .session import COLD, METHODS, SHIPPED_MATRIX, Session, Settings, Superseded, UserError

@@ -211,6 +211,22 @@ def check_no_weights(dev, tokens: int, prompts: int, families=None, layers: int 
     return out
 
 
+def in_dtype(lm, name: str):
+    """A copy of ``lm`` in dtype ``name`` (one load for every dtype: a ``.gguf`` file is dequantised to
+    float32 and cast, as ``load_model`` does); None where ``lm`` is not float32."""
+    import copy
+    import dataclasses
+
+    import torch
+
+    if lm.dtype != torch.float32:
+        return None
+    dtype = getattr(torch, name)
+    model = copy.deepcopy(lm.model).to(dtype)
+    return dataclasses.replace(lm, model=model, dtype=dtype, cost_curve=None, _token_text={},
+                               dtype_reason=f"{name}: asked for")
+
+
 def load_prompt_texts(path: str | None, limit: int, count: int) -> list:
     """Spec-Bench prompts (``limit`` a category) from ``path``, else the built-in ones."""
     from .data import BenchPrompt, load_prompts
@@ -407,8 +423,11 @@ def run_check(model: str | None = None, device: str | None = None, shapes: str =
 
         def exactness():
             out = {}
+            first = None
             for name in dtypes:
-                lm = (loaded or {}).get(name) or load_model(path, str(dev), name, prepack=False)
+                lm = (loaded or {}).get(name) or (first and in_dtype(first, name)) or load_model(
+                    path, str(dev), name, prepack=False)
+                first = first or lm
                 report["model"]["name"] = lm.name
                 ids = [lm.encode_prompt(p.text) for p in texts[:prompts]]
                 out[name] = check_exactness(lm, ids, tokens)
