@@ -27,7 +27,7 @@ def bare_host(tmp_path: Path, hide: str) -> dict:
 def run_check(tmp_path: Path, env: dict, *args: str) -> tuple[subprocess.CompletedProcess, dict]:
     out = tmp_path / "result.json"
     cmd = [sys.executable, "-m", "tr_core.bench.gpu_check", "--device", "cpu", "--shapes", "small", "--repeats", "1",
-           "--families", "llama", "--random-prompts", "1", "--random-tokens", "6", "--out", str(out), *args]
+           "--families", "llama", "--random-prompts", "1", "--random-tokens", "4", "--out", str(out), *args]
     done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert out.is_file(), done.stderr[-3000:]
     return done, json.loads(out.read_text())
@@ -67,8 +67,8 @@ def prepared(tmp_path_factory):
 
 def test_the_check_runs_from_prepared_pieces_with_gradio_hidden_and_gguf_from_its_wheel(prepared, tmp_path):
     env = bare_host(tmp_path, "gradio,gguf")
-    done, r = run_check(tmp_path, env, "--model", str(prepared), "--prompts", "1", "--tokens", "4",
-                        "--timed-tokens", "4", "--timed-prompts", "1", "--dtypes", "float32,bfloat16")
+    done, r = run_check(tmp_path, env, "--model", str(prepared), "--prompts", "1", "--tokens", "3",
+                        "--timed-tokens", "3", "--timed-prompts", "1", "--dtypes", "float32,bfloat16")
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert r["environment"]["gguf"].startswith("from ") and r["environment"]["gguf"].endswith(".whl")
     assert r["model"]["wheels"]["gguf"].endswith(".whl") and r["model"]["joined"].endswith(".gguf")

@@ -125,21 +125,22 @@ def method_makers(lm, n: int) -> dict:
             "pld": lambda: PromptLookupDecoder(lm, n)}
 
 
-def flat_curve():
+def flat_curve(steep: bool = False):
     """A cost curve on which every query size costs the same: the planners then draft their biggest
-    trees, so every tree path runs (what the exactness parts need; the costs part measures)."""
+    trees, so every tree path runs (what the exactness parts need; the costs part measures).
+    ``steep``: each extra query token costs a tenth of a forward (a CPU's small trees, quick to run)."""
     from ..cost import CostCurve
 
-    return CostCurve([1, 128], [1.0, 1.0])
+    return CostCurve([1, 128], [1.0, 13.7 if steep else 1.0])
 
 
 def check_exactness(lm, prompt_ids: list[list[int]], tokens: int, measure: bool = True) -> dict:
     """Every method against ``generate(do_sample=False)`` on each prompt: identical, near-ties, bugs,
     MAT; each divergence classified against the rounding bound measured on the first prompt.  On a
-    CPU, a model with no cost curve yet gets a flat one (:func:`flat_curve`): measuring one there
+    CPU, a model with no cost curve yet gets a steep one (:func:`flat_curve`): measuring one there
     takes minutes and changes no output."""
     if lm.cost_curve is None and lm.device.type == "cpu":
-        lm.cost_curve = flat_curve()
+        lm.cost_curve = flat_curve(steep=True)
     from ..precision import BUG, NEAR_TIE, ROUNDING_ULPS, explain_divergence, measure_rounding, measured_bound_ulps
     from .peers import HFGenerate
 
@@ -282,7 +283,7 @@ def check_costs(big, shapes: str, repeats: int, measured_mat: dict) -> dict:
                         "no_mask": time_forwards(big, lengths, c, repeats, mask=False)} for c in caches}
     ways = {}
     native = attention.MASKED_GQA.get(dev_type, "repeat_kv")
-    for way in dict.fromkeys((native, "fold", "repeat_kv")):
+    for way in dict.fromkeys((native, "fold", "enable_gqa", "repeat_kv")):
         saved = attention.MASKED_GQA.get(dev_type)
         attention.MASKED_GQA[dev_type] = way
         try:
