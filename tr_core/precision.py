@@ -120,8 +120,8 @@ def measure_rounding(lm: LoadedModel, prompt_ids: list[int], reference: list[int
     one = replay_logits(lm, prompt_ids, reference, n)
     top2 = one.topk(2, dim=-1).indices  # [n, 2]
     shifts, logit_shift = [], 0.0
-    for q in chunks:
-        many = replay_logits(lm, prompt_ids, reference, n, chunk=min(q, n))
+    for q in sorted({min(q, n) for q in chunks}):  # a chunk longer than the output is the output
+        many = replay_logits(lm, prompt_ids, reference, n, chunk=q)
         a, b = top2[:, 0:1], top2[:, 1:2]
         m1 = (one.gather(1, a) - one.gather(1, b)).squeeze(1)
         mq = (many.gather(1, a) - many.gather(1, b)).squeeze(1)

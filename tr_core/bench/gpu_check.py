@@ -13,8 +13,9 @@ is a folder made by ``gpu_prepare`` (its parts are joined and checked, its ``ggu
 * ``no_weights``: every decoder (greedy, TR auto, TR paper-80, PTD, PLD) against
   ``generate(do_sample=False)`` in float32 on tiny random models of the eight families and on a
   random model of the embedded model's shape;
-* ``exactness``: the same on the model, in float32 and bfloat16, each divergence classified by its
-  logit margin against the rounding bound **measured here** (``rounding``; ``tr_core.precision``);
+* ``exactness``: the same on the model (six short built-in prompts), in float32 and bfloat16, each
+  divergence classified by its logit margin against the rounding bound **measured here**
+  (``rounding``; ``tr_core.precision``);
 * ``timed``: the bench harness (``tr_core.bench.harness``) on Spec-Bench prompts, methods interleaved,
   with the A/A row: tokens per second, MAT, speedup over greedy;
 * ``costs``: a random-weight model of Llama-3-8B's shapes (grouped-query) in bfloat16: a forward of
@@ -430,7 +431,7 @@ def run_check(model: str | None = None, device: str | None = None, shapes: str =
                     path, str(dev), name, prepack=False)
                 first = first or lm
                 report["model"]["name"] = lm.name
-                ids = [lm.encode_prompt(p.text) for p in texts[:prompts]]
+                ids = [lm.encode_prompt(text) for text in PROMPTS[:prompts]]  # short: exactness needs no more
                 out[name] = check_exactness(lm, ids, tokens)
                 models[name] = lm if name == timed_dtype else None
                 save()
