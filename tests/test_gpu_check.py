@@ -28,7 +28,7 @@ def run_check(tmp_path: Path, env: dict, *args: str) -> tuple[subprocess.Complet
     out = tmp_path / "result.json"
     cmd = [sys.executable, "-m", "tr_core.bench.gpu_check", "--device", "cpu", "--shapes", "small", "--repeats", "1",
            "--families", "llama", "--random-prompts", "1", "--random-tokens", "4", "--out", str(out), *args]
-    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800)
     assert out.is_file(), done.stderr[-3000:]
     return done, json.loads(out.read_text())
 
