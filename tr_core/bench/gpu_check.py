@@ -491,15 +491,15 @@ def format_report(r: dict) -> str:
 
     def table(title, groups):
         lines.append(title)
-        lines.append(f"  {'model':<22}{'dtype':<10}{'method':<13}{'identical':>10}{'near-ties':>10}{'bugs':>6}"
+        lines.append(f"  {'model':<31}{'dtype':<10}{'method':<13}{'identical':>10}{'near-ties':>10}{'bugs':>6}"
                      f"{'MAT':>7}{'bound ulps (measured)':>24}")
         for model, block in groups:
             if not isinstance(block, dict) or "methods" not in block:
-                lines.append(f"  {model:<22}{block}")
+                lines.append(f"  {model:<31}{block}")
                 continue
             rd = block["rounding"]
             for name, m in block["methods"].items():
-                lines.append(f"  {model:<22}{rd['dtype']:<10}{name:<13}{m['identical']:>5}/{m['prompts']:<4}"
+                lines.append(f"  {model:<31}{rd['dtype']:<10}{name:<13}{m['identical']:>5}/{m['prompts']:<4}"
                              f"{m['near_ties']:>10}{m['bugs']:>6}{m['mat']:>7.2f}"
                              f"{rd['bound_ulps']:>10.1f} ({rd['max_margin_ulps']:.1f})")
         lines.append("")
