@@ -56,7 +56,7 @@ def build_app(hub: ModelHub, cap: int = 256, default_tokens: int = PAGE_TOKENS, 
     "Save matrix" writes it back).  ``on_session_end(session)`` is called after a session is freed."""
     recorder = Recorder(hub) if on_zero_gpu() else None  # ZeroGPU: one GPU call per run (components.recorded)
     h = Handlers(hub, cap, matrix_path, on_session_end,
-                 record=gpu_task(duration=120)(recorder.record) if recorder else None)
+                 record=gpu_task(duration=recorder.record_seconds)(recorder.record) if recorder else None)
     with gr.Blocks(title="Token Recycling, step by step") as demo:
         session = gr.State(None, time_to_live=3600, delete_callback=h.end_session)
         kept = gr.BrowserState(None, storage_key="token-recycling-tab")  # the tab's prompt, settings and run
@@ -240,7 +240,7 @@ def wire(demo: gr.Blocks, h: Handlers, session, ui: dict, cmp: dict, hub: ModelH
     s["save_matrix"].click(h.save_matrix, session, [session, s["matrix_file"], ui["status"]], **model)
     s["load_matrix"].upload(h.load_matrix, [s["load_matrix"], *settings_inputs, session], views, **model)
     if recorder is not None:  # ZeroGPU: the handlers stay in this process; their GPU work is one call each
-        compare = compare_handler(hub, cap, rows_on_gpu=gpu_task(duration=120)(recorder.compare))
+        compare = compare_handler(hub, cap, rows_on_gpu=gpu_task(duration=recorder.compare_seconds)(recorder.compare))
         warm = warm_or_say_handler(hub, curve_on_gpu=gpu_task(recorder.cost_curve), done=h)
     else:
         compare, warm = gpu_task(compare_handler(hub, cap)), gpu_task(warm_or_say_handler(hub, done=h))

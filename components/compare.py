@@ -150,6 +150,10 @@ def compare_handler(hub, cap: int, rows_on_gpu=None):
             if not 1 <= int(max_new or 0) <= cap:
                 raise UserError(f"Max new tokens must be between 1 and {cap}.")
             if rows_on_gpu is not None:
+                try:
+                    hub.get(model)  # a model this server does not serve is refused here, before the GPU call
+                except Exception as err:  # noqa: BLE001 - a model that cannot load, in words
+                    raise UserError(str(err)) from None
                 progress(0.1, desc="Running every method to the end on the GPU")
                 rows = rows_on_gpu(str(prompt), model, int(max_new))
             else:

@@ -14,6 +14,7 @@ import torch
 
 from tr_core.decoders.recycling import DEFAULT_LOOKUP
 from tr_core.devices import oom_message, release_device_memory
+from tr_core.models import ModelLoadError
 
 from .memory import release_freed_memory
 from .model_hub import ModelHub
@@ -118,9 +119,18 @@ class Handlers:
             gr.Info(f"Reading the prompt ({len(prompt):,} characters) before the first step: the model reads all "
                     "of it in one forward pass, which takes a while for a long prompt.", duration=15)
         if self.record is not None:
+            self.check_model(s.model)  # here, not inside the GPU call
             sess.reveal(self.record, prompt, s, self.cap)
         else:
             sess.step(self.hub, prompt, s, self.cap)
+
+    def check_model(self, spec) -> None:
+        """ZeroGPU: the model asked for is one this server serves, checked in this process before the
+        GPU call (a typed id is looked up on the Hub and refused here, at no GPU time)."""
+        try:
+            self.hub.get(spec)
+        except ModelLoadError as err:
+            raise UserError(str(err)) from None
 
     # ---- drawing ----------------------------------------------------------------------------
     def render(self, sess: Session, message: str = "", slider_value: bool = True) -> tuple:
@@ -209,6 +219,7 @@ class Handlers:
         sess = self.session(args[-1], request)
         run = sess.running
         if sess.stop or run is None or sess.stepping() is not run or not sess.in_progress:
+            sess.running = None  # the run is over: its race (and model) is no longer held here
             message = "Stopped: Step or Run to end go on from here." if sess.stop and sess.in_progress else ""
             return (*self.render(sess, message), gr.Timer(active=False), *ui_running(False))
         try:
@@ -220,6 +231,7 @@ class Handlers:
             out = self.failed(sess, err)
         if sess.in_progress and sess.stepping() is run and not out[-1].startswith("⚠️") and not sess.stop:
             return (*out, gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip())
+        sess.running = None
         return (*out, gr.Timer(active=False), *ui_running(False))
 
     def run(self, request: gr.Request, prompt, *args):

@@ -84,6 +84,10 @@ class ModelHub:
                 self._models[key] = self.loader(None if key == EMBEDDED else key, self.device, self.dtype)
             return self._models[key]
 
+    def peek(self, spec: str | None = None) -> LoadedModel | None:
+        """The model for ``spec`` if it is loaded, else None (never loads, never asks the Hub)."""
+        return self._models.get(self.normalise(spec) if spec else self.default)
+
     def evict(self, keep: int) -> None:
         """Free the oldest models until ``keep`` are left, then give their memory back (GPU and host)."""
         while len(self._models) > max(keep, 0):

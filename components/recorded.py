@@ -65,6 +65,24 @@ class Recorder:
         kept = sess.matrix.to("cpu") if sess.matrix is not None else matrix
         return Recording(run, kept, notice=notice)
 
+    def token_seconds(self, spec) -> float | None:
+        """Seconds of one greedy forward of model ``spec``, where it is loaded and its cost curve measured."""
+        lm = self.hub.peek(spec)
+        curve = getattr(lm, "cost_curve", None)
+        return curve.greedy() if curve is not None else None
+
+    def record_seconds(self, prompt: str, s: Settings, cap: int, *_) -> int:
+        """The GPU time :meth:`record` asks for: the run's two lanes (``components.zerogpu.gpu_seconds``)."""
+        from .zerogpu import gpu_seconds
+
+        return gpu_seconds(min(int(s.max_new_tokens or cap), cap), self.token_seconds(s.model), lanes=2)
+
+    def compare_seconds(self, prompt: str, model: str, max_new: int) -> int:
+        """The GPU time :meth:`compare` asks for: five methods to the end."""
+        from .zerogpu import gpu_seconds
+
+        return gpu_seconds(int(max_new), self.token_seconds(model), lanes=5)
+
     def compare(self, prompt: str, model: str, max_new: int) -> list[dict] | str:
         """Every method run to the end on ``prompt`` (``components.compare.compare_methods``): plain rows,
         or the refusal in words."""

@@ -376,6 +376,8 @@ class Session:
         """Drop every reference to model ``lm`` (the hub evicted it): its race and planner go."""
         if self.race is not None and self.race.decoder.lm is lm:
             self.race, self.started_with = None, None
+        if getattr(getattr(self.running, "decoder", None), "lm", None) is lm:
+            self.running = None
         if self.planner_model is lm:
             self.planner = self.planner_model = None
 

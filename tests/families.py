@@ -7,32 +7,17 @@ from __future__ import annotations
 
 import torch
 
-from .conftest import TINY_VOCAB
+from tr_core.bench.random_models import WINDOW  # noqa: F401  (the windowed families' window)
 
-WINDOW = 12
-COMMON = dict(vocab_size=TINY_VOCAB, hidden_size=64, intermediate_size=128, num_attention_heads=4,
-              num_key_value_heads=2, max_position_embeddings=512, eos_token_id=1, bos_token_id=0,
-              pad_token_id=0, tie_word_embeddings=False)
+from .conftest import TINY_VOCAB
 
 
 def family_configs() -> dict:
-    """name -> config, for the eight families the project supports."""
-    from transformers import (Gemma2Config, Gemma3TextConfig, LlamaConfig, MistralConfig, Olmo2Config,
-                              Phi3Config, Qwen2Config, Qwen3Config)
+    """name -> config, for the eight families the project supports (``tr_core.bench.random_models``),
+    with the test tokenizer's vocabulary."""
+    from tr_core.bench.random_models import family_configs as configs
 
-    alternating = ["sliding_attention", "full_attention"] * 2
-    return {
-        "llama": LlamaConfig(num_hidden_layers=2, **COMMON),
-        "qwen2": Qwen2Config(num_hidden_layers=2, **COMMON),
-        "qwen3": Qwen3Config(num_hidden_layers=2, head_dim=16, **COMMON),
-        "mistral": MistralConfig(num_hidden_layers=2, sliding_window=WINDOW, **COMMON),
-        "gemma2": Gemma2Config(num_hidden_layers=4, head_dim=16, sliding_window=WINDOW, layer_types=alternating,
-                               **COMMON),
-        "gemma3": Gemma3TextConfig(num_hidden_layers=4, head_dim=16, sliding_window=WINDOW,
-                                   layer_types=alternating, **COMMON),
-        "phi3": Phi3Config(num_hidden_layers=2, sliding_window=WINDOW, **COMMON),
-        "olmo2": Olmo2Config(num_hidden_layers=2, **COMMON),
-    }
+    return configs(TINY_VOCAB)
 
 
 def make_family_model(name: str, seed: int = 0):

@@ -47,3 +47,41 @@ def test_other_cases_go_to_transformers_own_function():
     assert torch.allclose(out, expected, atol=1e-6)
     unmasked, _ = sdpa_shared_kv(Module(), q, kv, kv, None)  # no mask: transformers' path (causal)
     assert unmasked.shape == (1, 3, 4, 8)
+
+
+def test_folded_query_groups_give_the_kv_copy_s_result_without_the_copy(monkeypatch):
+    """The CUDA way (query heads of a group folded into the query length) checked on the CPU: the same
+    logits as transformers' repeat_kv path, for a tree mask, and no copy of the cache."""
+    import transformers.integrations.sdpa_attention as sdpa
+
+    import tr_core.attention as attention
+    from tr_core.attention import folded_attention
+
+    q, kv = torch.randn(2, 6, 5, 8), torch.randn(2, 3, 9, 8)
+    mask = torch.rand(1, 1, 5, 9) > 0.3
+    mask[..., 0] = True
+    want = torch.nn.functional.scaled_dot_product_attention(q, kv.repeat_interleave(2, 1), kv.repeat_interleave(2, 1),
+                                                            attn_mask=mask).transpose(1, 2)
+    assert torch.allclose(folded_attention(q, kv, kv, mask), want, atol=1e-6)
+
+    model = make_tiny_model()
+    tree = load_tree("tr-10").tensors("cpu", torch.float32)
+    ids = torch.randint(2, 96, (1, 20), generator=torch.Generator().manual_seed(1))
+    draft = torch.randint(2, 96, (1, tree.parents.shape[0]), generator=torch.Generator().manual_seed(2))
+
+    def logits(way):
+        from transformers import DynamicCache
+
+        monkeypatch.setitem(attention.MASKED_GQA, "cpu", way)
+        cache = {wrap_model(model, make_tiny_tokenizer()).cache_arg: DynamicCache(config=model.config)}
+        with torch.inference_mode():
+            model(input_ids=ids, use_cache=True, **cache)
+            return model(input_ids=draft, position_ids=tree.position_ids(20), attention_mask=tree.attention_mask(20),
+                         use_cache=True, **cache).logits
+
+    model.set_attn_implementation(register())
+    reference = logits("repeat_kv")
+    copies = []
+    monkeypatch.setattr(sdpa, "repeat_kv", lambda x, n: copies.append(n) or x.repeat_interleave(n, 1))
+    folded = logits("fold")
+    assert copies == [] and torch.allclose(folded, reference, atol=1e-5)

@@ -186,47 +186,6 @@ def test_bench_runs_ptd_second_turns_and_sampling(tmp_path, tiny_lm, capsys):
     assert main([*common, "--methods", "tr", "--temperature", "0.5", "--top-p", "2"]) == 2
 
 
-@pytest.mark.slow  # the command end to end
-def test_gpu_bundle_travels_a_lossy_model_that_loads_and_benchmarks(tmp_path, tiny_lm, capsys):
-    """`bundle make` on a model folder, `bundle unpack` into a standard folder, the bench on it."""
-    import torch
-    from tr_core.bench.bundle import dequantize_rows, main as bundle_main, quantize_rows
-
-    w = torch.randn(6, 64) * torch.linspace(0.01, 1, 6)[:, None] + 0.3
-    parts = quantize_rows(w, 0.45)
-    assert parts["q"].dtype == torch.int8 and parts["scale"].shape == (6, 1)
-    err = (dequantize_rows(**parts) - w).abs() / (0.45 * w.std(dim=1, keepdim=True))
-    assert float(err.max()) <= 0.51  # at most half a grid step off (plus float16 rounding)
-
-    folder = save_tiny(tiny_lm, tmp_path)
-    prompts = tmp_path / "q.jsonl"
-    write_prompts(prompts)
-    bundle, model = tmp_path / "bundle", tmp_path / "unpacked"
-    assert bundle_main(["make", str(bundle), "--model", str(folder), "--prompts", str(prompts),
-                        "--per-category", "1"]) == 0
-    assert "bash" in (bundle / "run.sh").read_text() and "--device ${DEVICE:-cuda}" in (bundle / "run.sh").read_text()
-    assert [p.question_id for p in load_prompts(bundle / "question.jsonl")] == ["1", "3"]
-    config = json.loads((bundle / "config.json").read_text())  # as a GGUF-loaded model's config says:
-    config["quantization_config"] = {"quant_method": "gguf", "gguf_file": "x.gguf"}  # not to follow there
-    (bundle / "config.json").write_text(json.dumps(config))
-    assert bundle_main(["unpack", str(bundle), str(model), "--dtype", "float32"]) == 0
-    assert "quantization_config" not in json.loads((model / "config.json").read_text())
-    from tr_core import load_model
-
-    copy = load_model(str(model), "cpu", "float32")
-    original = tiny_lm.model.state_dict()
-    for name, t in copy.model.state_dict().items():
-        assert t.shape == original[name].shape, name
-        rel = float((t - original[name]).norm() / original[name].norm())
-        assert rel < 0.2, (name, rel)  # a close copy, not the same weights
-    out = tmp_path / "out.json"
-    assert main(["--prompts", str(bundle / "question.jsonl"), "--model", str(model), "--device", "cpu",
-                 "--methods", "greedy,tr:tr-16", "--max-new-tokens", "8", "--quiet", "--json", str(out)]) == 0
-    assert json.loads(out.read_text())["methods"]["tr:tr-16"]["identical"] == 1.0
-    assert bundle_main(["unpack", str(tmp_path / "nothing"), str(model)]) == 2
-    assert "not a bundle" in capsys.readouterr().err
-
-
 def test_lookup_prior_is_replayed_from_known_outputs():
     from tr_core.bench.calibrate import MIN_TRIALS, PSEUDO_TRIALS, lookup_acceptance
     from tr_core.planner import ChainStats

@@ -100,6 +100,30 @@ def test_after_a_model_switch_nothing_holds_the_old_model(monkeypatch):
     assert old() is None and other.race is None and mine.race.decoder.lm.name == "org/bb"
 
 
+def test_a_model_switch_after_run_to_end_frees_the_old_model(monkeypatch):
+    """Run to end keeps its run in ``Session.running`` for its ticks; a switch, in this tab or
+    another, lets the old model go all the same, and the run's last tick lets it go too."""
+    import gc
+    import weakref
+
+    import components.model_hub as model_hub
+    from components.session import Settings
+
+    monkeypatch.setattr(model_hub, "check_hub_id", lambda spec: None)
+    hub = model_hub.ModelHub(keep=1, default="org/a", loader=tiny_loader)
+    s = Settings(model="org/a", tree="auto", k=8, max_new_tokens=8, hot_start=True)
+    h, mine, other = two_tabs(hub, s)
+    mine.running, other.running = mine.current(), other.current()  # as Run to end leaves them
+    old = weakref.ref(hub.get("org/a"))
+    mine.step(hub, "w3 w4 w5", Settings(model="org/bb", tree="auto", k=8, max_new_tokens=8, hot_start=True), cap=64)
+    gc.collect()
+    assert old() is None and mine.running is None and other.running is None
+    mine.running = mine.current()
+    mine.stop = True
+    h.run_tick(None, "w3 w4 w5", mine)  # the run's last tick: nothing holds it any more
+    assert mine.running is None
+
+
 def test_idle_tabs_give_their_kv_caches_back(tiny_lm):
     import time
 
@@ -211,24 +235,6 @@ def test_the_bench_uses_one_copy_where_a_second_does_not_fit(monkeypatch, tiny_l
     assert not bench.second_copy_fits(gpu) and bench.second_copy_fits(tiny_lm)  # a CPU's host memory
 
 
-def test_gpu_check_runs_end_to_end_on_the_cpu_with_small_shapes(embedded_lm, tmp_path, capsys):
-    from tr_core.bench import gpu_check
-
-    report = gpu_check.run_check(None, "cpu", "small", prompts=1, tokens=8, dtypes=["float32", "bfloat16"],
-                                 repeats=1, loaded={"float32": embedded_lm})
-    fp32 = report["exactness"]["float32"]
-    assert set(fp32) == {"tr (auto)", "tr:paper-80", "ptd", "pld"}
-    assert all(m["identical"] == m["prompts"] == 1 for m in fp32.values())
-    assert all(m["bugs"] == 0 for m in report["exactness"]["bfloat16"].values())
-    for dtype in ("float32", "bfloat16"):
-        c = report["costs"][dtype]
-        assert set(c["seconds_by_cache"]) == {"16", "64"} and len(c["lengths"]) == len(c["seconds_by_cache"]["16"])
-        assert "projected_speedup_planner" in c and "projected_speedup_paper80" in c
-    assert report["app"]["steps"] == 3 and report["app"]["identical"]
-    text = gpu_check.format_report(report)
-    assert "PROJECTED" in text and "exact-mode rule" in text
-
-
 @pytest.mark.skipif(__import__("platform").machine() not in ("x86_64", "AMD64"), reason="x86 ISA limits")
 def test_on_an_avx2_only_cpu_bfloat16_loads_with_plain_weights(tmp_path, tiny_lm):
     """oneDNN and PyTorch told to use AVX2 at most (as on an AMD EPYC without AVX-512), in a fresh
@@ -251,3 +257,44 @@ def test_on_an_avx2_only_cpu_bfloat16_loads_with_plain_weights(tmp_path, tiny_lm
     packed, cpu, n = json.loads(done.stdout.strip().splitlines()[-1])
     assert packed == 0 and "bfloat16" not in cpu["onednn_packed"] and cpu["torch_isa"] in ("AVX2", "DEFAULT")
     assert n == 6
+
+
+def test_a_gpu_that_emulates_bfloat16_gets_float16(monkeypatch):
+    """T4/V100: ``is_bf16_supported(including_emulation=False)`` is False there (faked here)."""
+    monkeypatch.setattr(devices, "free_memory", lambda device: 16 * 2**30)
+    monkeypatch.setattr(devices, "float32_token_ratio", lambda device, shapes: 3.0)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    asked = []
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: asked.append(
+        including_emulation) or False)
+    gpu = torch.device("cuda", 0)
+    choice = devices.pick_dtype("auto", gpu, parameters=7_000_000_000)  # too big for float32
+    assert choice.dtype == torch.float16 and "emulates bfloat16" in choice.reason and asked == [False]
+    assert devices.pick_dtype("auto", gpu, parameters=1_000_000_000).dtype == torch.float16  # float32 dear
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: True)
+    assert devices.pick_dtype("auto", gpu, parameters=7_000_000_000).dtype == torch.bfloat16
+
+
+def test_near_the_threshold_the_dtype_rule_keeps_its_earlier_verdict(monkeypatch, tmp_path):
+    """A ratio near 1.5x (a 7B model on an H100) measured 1.45 at one start and 1.55 at the next keeps
+    the first verdict; far from the threshold the measurement decides."""
+    monkeypatch.setenv("TR_CACHE", str(tmp_path))
+    monkeypatch.setattr(devices, "free_memory", lambda device: 80 * 2**30)
+    gpu = torch.device("cuda", 0)
+    shapes = devices.layer_shapes(type("C", (), dict(hidden_size=64, num_attention_heads=4))())
+
+    def pick(ratio):
+        return devices.pick_dtype("auto", gpu, 7_000_000_000, shapes, measure=lambda device, s: ratio)
+    assert pick(1.45).dtype == torch.float32
+    assert pick(1.55).dtype == torch.float32 and "earlier verdict" in pick(1.55).reason
+    assert pick(2.0).dtype == torch.bfloat16 and pick(1.2).dtype == torch.float32  # outside the band
+    (tmp_path / "dtype_rule.json").unlink()
+    assert pick(1.55).dtype == torch.bfloat16 and pick(1.45).dtype == torch.bfloat16  # the other way round
+
+
+def test_the_dtype_probe_times_a_whole_layer_with_its_attention():
+    shapes = devices.layer_shapes(type("C", (), dict(hidden_size=64, intermediate_size=128, num_attention_heads=4,
+                                                     num_key_value_heads=2))())
+    assert shapes.attention == (4, 2, 16) and len(shapes) == 5
+    ratio = devices.float32_token_ratio(torch.device("cpu"), shapes, repeats=2)
+    assert ratio is not None and ratio > 0

@@ -318,3 +318,21 @@ def test_under_a_node_budget_the_plan_is_the_whole_universe_at_any_cost(tiny_lm)
     planner.cost = CostCurve([1, 100, 200], [1.0, 50.0, 100.0])  # extra tokens dear: a cost-aware plan is tiny
     planner.reset()
     assert planner.tree.size == planner.universe.size
+
+
+def test_trees_are_weighed_against_greedys_mask_free_forward(tiny_lm):
+    """Where a masked 1-token forward costs twice greedy's (a KV copy under the mask), a tree that
+    beats the masked forward but not greedy's is not planned."""
+    import dataclasses
+
+    from tr_core.cost import CostCurve
+    from tr_core.planner import TreePlanner
+
+    curve = CostCurve([1, 2, 4, 8, 16, 32, 96], [2.0, 2.2, 2.4, 2.8, 3.4, 4.0, 6.0])
+    lm = dataclasses.replace(tiny_lm, cost_curve=curve)
+    assert TreePlanner(lm).tree.size > 0  # against the masked forward, trees pay
+    curve.plain_ratio = 0.5  # greedy's own forward: 1.0
+    planner = TreePlanner(lm)
+    assert planner.greedy_cost() == pytest.approx(1.0)
+    assert planner.tree.size == 0 or planner.expected / planner.step_cost(1 + planner.tree.size) > 1.0
+    assert curve.fresh().plain_ratio == 0.5

@@ -168,3 +168,49 @@ def test_a_recorded_run_steps_through_history_teach_frames_run_files_and_reset(t
     with pytest.raises(Superseded):
         h.advance(sess, "w4 w5 w6", s)
     assert sess.current() is None and sess.message == "Reset."
+
+
+def test_each_gpu_call_asks_for_the_time_its_run_needs(monkeypatch, tiny_lm):
+    """Not 120 s for everything: the run's tokens at the model's measured forward time, twice over,
+    within a floor and a cap (ZeroGPU weighs what is asked against a visitor's quota)."""
+    import dataclasses
+
+    from app import build_app
+    from components.model_hub import ModelHub
+    from components.session import Settings
+    from components.zerogpu import CAP_SECONDS, FLOOR_SECONDS, gpu_seconds
+    from tr_core.cost import CostCurve
+
+    from .zerogpu_standin import module
+
+    spaces = module()
+    monkeypatch.setitem(sys.modules, "spaces", spaces)
+    lm = dataclasses.replace(tiny_lm, cost_curve=CostCurve([1, 128], [0.05, 0.08]))
+    hub = ModelHub(loaded={"tiny": lm}, default="tiny")
+    build_app(hub, cap=256)
+    record, compare = spaces.asked["record"], spaces.asked["compare"]
+    assert callable(record) and callable(compare)
+
+    def settings(n):
+        return Settings(model="tiny", tree="auto", k=8, max_new_tokens=n, hot_start=True)
+    assert record("p", settings(8), 256, None, None) == FLOOR_SECONDS  # 2 lanes x 8 tokens x 50 ms: the floor
+    assert record("p", settings(100), 256, None, None) == 25  # 2 x 2 x 100 x 0.05 + 5 s of set-up
+    assert record("p", settings(256), 64, None, None) == 18  # the cap on tokens holds
+    assert compare("p", "tiny", 256) == CAP_SECONDS  # five methods of 256 tokens: the cap
+    assert compare("p", "org/not-loaded", 100) == gpu_seconds(100, None, lanes=5)  # unmeasured: a default, no load
+    assert FLOOR_SECONDS < compare("p", "tiny", 40) < CAP_SECONDS
+
+
+def test_on_zerogpu_a_model_the_server_does_not_serve_is_refused_before_the_gpu_call(monkeypatch, tiny_lm):
+    import components.model_hub as model_hub
+    from components.handlers import Handlers
+    from components.session import Session, Settings, UserError
+
+    looked_up, recorded = [], []
+    monkeypatch.setattr(model_hub, "check_hub_id", looked_up.append)
+    hub = model_hub.ModelHub(loaded={"tiny": tiny_lm}, default="tiny")
+    hub.freeze()
+    h = Handlers(hub, cap=64, record=lambda *a: recorded.append(a))
+    with pytest.raises(UserError, match="only the model"):
+        h.advance(Session(), "w3 w4", Settings(model="org/other", tree="auto", k=8, max_new_tokens=8, hot_start=True))
+    assert looked_up == ["org/other"] and recorded == []  # asked of the Hub here; no GPU call made

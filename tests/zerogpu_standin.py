@@ -56,15 +56,20 @@ def _run_forked(fn, args, kwargs):
 
 
 def module() -> types.ModuleType:
-    """A fresh ``spaces`` module; ``spaces.calls`` lists the name of every GPU call made through it."""
+    """A fresh ``spaces`` module; ``spaces.calls`` lists the name of every GPU call made through it,
+    ``spaces.asked`` the ``duration`` each function was wrapped with (a number or a function of the
+    call's arguments) and ``spaces.durations`` the seconds each call asked for."""
     spaces = types.ModuleType("spaces")
-    spaces.calls = []
+    spaces.calls, spaces.asked, spaces.durations = [], {}, []
 
     def GPU(fn=None, duration=None):  # noqa: N802 - the name spaces uses
         def wrap(f):
+            spaces.asked[f.__name__] = duration
+
             @functools.wraps(f)
             def call(*args, **kwargs):
                 spaces.calls.append(f.__name__)
+                spaces.durations.append(duration(*args, **kwargs) if callable(duration) else duration)
                 return _run_forked(f, args, kwargs)
             return call
         return wrap(fn) if fn is not None else wrap

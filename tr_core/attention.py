@@ -6,8 +6,15 @@ grouped-query model to all query heads first (``repeat_kv``), because CUDA's fus
 either a mask or grouped heads, not both.  That is a copy of the whole cache, every layer, every
 step: on this CPU, with SmolLM2's 3 KV heads for 9 query heads and a 770-token context, about 10 ms
 of a 65 ms tree forward.  PyTorch's CPU flash-attention kernel takes both (``enable_gqa=True``) and
-gives bit-identical outputs, so on CPU a masked forward skips the copy; everything else (CUDA,
-one-token steps, models with biases or sinks) goes to transformers' own function unchanged.
+gives bit-identical outputs, so on CPU a masked forward skips the copy.  On CUDA, ``enable_gqa`` with
+a mask falls back to PyTorch's math kernel (itself a copy, and slower), so there the query heads of a
+group are folded into the query length instead (``fold``: ``[b, kv_heads, groups * q, d]`` against the
+shared keys, the mask repeated per group, a few kilobytes), which the memory-efficient kernel runs as
+is: transformers does the same for one query token (``pack_gqa``).  Everything else (one-token steps
+without a mask, models with biases or sinks, per-head masks) goes to transformers' own function.
+
+``MASKED_GQA`` picks the way per device type (the GPU check times each: ``repeat_kv`` is
+transformers' own).
 
 Registered through transformers' ``AttentionInterface`` under ``ATTENTION``; ``load_model`` selects it.
 """
@@ -18,6 +25,7 @@ import torch.nn.functional as F
 
 ATTENTION = "sdpa_shared_kv"
 _EXTRAS = ("position_bias", "s_aux", "sinks", "softcap")  # features left to transformers' own path
+MASKED_GQA = {"cpu": "enable_gqa", "cuda": "fold"}  # device type -> way; others: "repeat_kv" (transformers')
 
 
 def sdpa_shared_kv(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -28,13 +36,32 @@ def sdpa_shared_kv(module: torch.nn.Module, query: torch.Tensor, key: torch.Tens
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     groups = getattr(module, "num_key_value_groups", 1)
-    if (groups == 1 or attention_mask is None or query.device.type != "cpu"
+    way = MASKED_GQA.get(query.device.type, "repeat_kv")
+    if (groups == 1 or attention_mask is None or way == "repeat_kv" or attention_mask.shape[1] != 1
             or any(kwargs.get(name) is not None for name in _EXTRAS)):
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
                                       scaling=scaling, is_causal=is_causal, **kwargs)
+    if way == "fold":
+        return folded_attention(query, key, value, attention_mask, dropout, scaling), None
     out = F.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask, dropout_p=dropout,
                                          scale=scaling, enable_gqa=True)
     return out.transpose(1, 2).contiguous(), None
+
+
+def folded_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor,
+                     dropout: float = 0.0, scaling: float | None = None) -> torch.Tensor:
+    """Grouped-query attention with a mask and no copy of the keys and values: the ``groups`` query
+    heads that share a KV head become ``groups * q`` query rows of that head (the mask repeated for
+    each).  ``query [b, heads, q, d]``, ``key``/``value [b, kv_heads, kv, d]``, ``mask [b, 1, q, kv]``
+    -> ``[b, q, heads, d]``."""
+    b, heads, q, d = query.shape
+    kv_heads = key.shape[1]
+    groups = heads // kv_heads
+    folded = query.reshape(b, kv_heads, groups * q, d)  # head h = kv head h // groups, as repeat_kv pairs them
+    mask = mask.expand(b, 1, q, mask.shape[-1])[:, :, None].expand(b, 1, groups, q, mask.shape[-1])
+    out = F.scaled_dot_product_attention(folded, key, value, attn_mask=mask.reshape(b, 1, groups * q, -1),
+                                         dropout_p=dropout, scale=scaling)
+    return out.reshape(b, heads, q, value.shape[-1]).transpose(1, 2).contiguous()
 
 
 def register() -> str:

@@ -15,6 +15,12 @@ see exactly where those steps lie).  The three coefficients split a forward into
   model on CUDA (``repeat_kv``); the part of a 1-token forward's growth with the cache that
   ``gamma`` does not explain.
 
+Greedy decoding's own forward is a 1-token forward **without** a mask (transformers' fastest path,
+e.g. grouped-query heads packed, no copy of the cache); a tree step's has one.  ``plain_ratio`` (the
+mask-free 1-token forward over the masked one, measured with the curve) turns the curve's 1-token cost
+into greedy's (:meth:`CostCurve.greedy`): the planner weighs every tree against that, so "no tree" is
+never judged against a baseline slower than greedy's.
+
 A uniform factor on every cost never changes which plan wins; these three can (a dearer extra
 token, or a longer cache, favours a smaller tree).  Every forward seen while decoding is an
 observation, and the coefficients are refitted by exponentially weighted least squares, shrunk
@@ -49,6 +55,7 @@ class CostCurve:
     prefix: int = 128  # L0, the cache length of the measured shape
     decay: float = DECAY
     per_cache_fixed: float = 0.0  # measured delta: seconds per cached token beyond ``prefix``, any query size
+    plain_ratio: float = 1.0  # greedy's mask-free 1-token forward over the masked one (at most 1)
     coef: np.ndarray = field(default=None)  # [alpha, beta, gamma]
     _gram: np.ndarray = field(default=None, repr=False)  # [3, 3] decayed sum of x x^T
     _moment: np.ndarray = field(default=None, repr=False)  # [3] decayed sum of x * seconds
@@ -87,10 +94,14 @@ class CostCurve:
     def __call__(self, q: int, cache: int | None = None) -> float:
         return max(float(self.features(q, cache) @ self.coef) + self.fixed_cache(cache), 1e-9)
 
+    def greedy(self, cache: int | None = None) -> float:
+        """Seconds of greedy decoding's own forward (one token, no mask) over ``cache`` cached tokens."""
+        return self(1, cache) * min(self.plain_ratio, 1.0)
+
     def fresh(self) -> "CostCurve":
         """The measured curve again, with nothing observed since."""
         return CostCurve(list(self.lengths), list(self.seconds), self.per_cache, self.prefix, self.decay,
-                         per_cache_fixed=self.per_cache_fixed)
+                         per_cache_fixed=self.per_cache_fixed, plain_ratio=self.plain_ratio)
 
     @property
     def scale(self) -> float:
@@ -128,7 +139,10 @@ class CostCurve:
         base = time_forwards(lm, lengths, prefix, repeats)
         ends = (1, min(16, max(lengths)))
         far = time_forwards(lm, ends, long_prefix, repeats)
-        return cls.from_two_caches(lengths, base, prefix, dict(zip(ends, far)), long_prefix)
+        curve = cls.from_two_caches(lengths, base, prefix, dict(zip(ends, far)), long_prefix)
+        masked, plain = time_forwards(lm, [1], prefix, repeats)[0], time_forwards(lm, [1], prefix, repeats, mask=False)[0]
+        curve.plain_ratio = plain / masked if masked > 0 else 1.0
+        return curve
 
     @classmethod
     def from_two_caches(cls, lengths, near: list[float], prefix: int, far: dict[int, float],
@@ -184,9 +198,10 @@ class HostCost:
 
 
 @torch.inference_mode()
-def time_forwards(lm, lengths, prefix: int, repeats: int) -> list[float]:
+def time_forwards(lm, lengths, prefix: int, repeats: int, mask: bool = True) -> list[float]:
     """Median seconds of one forward of each of ``lengths`` query tokens (a chain, with an explicit
-    mask) over a ``prefix``-token cache of random tokens."""
+    mask as tree steps run it; ``mask=False``: none, causal, as greedy and a prefill run it) over a
+    ``prefix``-token cache of random tokens."""
     gen = torch.Generator().manual_seed(0)
     dev = lm.device
     low = min(100, lm.vocab_size - 1)  # skip the special tokens at the start of most vocabularies
@@ -200,10 +215,10 @@ def time_forwards(lm, lengths, prefix: int, repeats: int) -> list[float]:
     for r in range(repeats + 1):
         for q in lengths:
             tree = chain.head(q)
-            pos, mask = tree.position_ids(prefix), lm.tree_masks(tree, prefix)
+            pos, masks = tree.position_ids(prefix), (lm.tree_masks(tree, prefix) if mask else None)
             sync()
             t0 = time.perf_counter()
-            lm.model(input_ids=ids[:, prefix:prefix + q], position_ids=pos, attention_mask=mask, use_cache=True,
+            lm.model(input_ids=ids[:, prefix:prefix + q], position_ids=pos, attention_mask=masks, use_cache=True,
                      **{lm.cache_arg: cache})
             sync()
             if r:

@@ -16,9 +16,15 @@ tensors, once per process, and every probe has a fallback:
   - on a GPU: float32 (exact) when the float32 weights take at most ``FLOAT32_SHARE`` of the free
     memory **and** a 32-token forward of the model's own layer shapes in float32 costs at most
     ``EXACT_MAX_RATIO`` times a 1-token one, measured on this GPU at load
-    (:func:`float32_token_ratio`).  Otherwise bfloat16, where extra query tokens are nearly free and
-    each divergence from greedy is a near-tie the race explains.  The reason is kept with the model
-    and shown in the status line.
+    (:func:`float32_token_ratio`: one whole layer, its linear maps and its attention over a
+    ``PROBE_CACHE``-token cache, the fastest of several runs).  Otherwise half precision, where extra
+    query tokens are nearly free and each divergence from greedy is a near-tie the race explains:
+    bfloat16 where the GPU runs it natively, float16 where it would only emulate it (T4, V100:
+    ``torch.cuda.is_bf16_supported(including_emulation=False)`` is False there).  The reason is kept
+    with the model and shown in the status line.
+  - a ratio within ``BAND`` of ``EXACT_MAX_RATIO`` (a model near the threshold, e.g. 7B on an H100)
+    keeps the verdict this GPU gave the same shapes before (``dtype_rule.json`` in ``TR_CACHE`` or
+    ``~/.cache/token_recycling``), so timing noise does not flip the dtype from one restart to the next.
 * **Memory**: free bytes of a device and the words for running out of it (:func:`oom_message`).
 """
 from __future__ import annotations
@@ -34,6 +40,8 @@ import torch
 FLOAT32_SHARE = 0.5  # float32 only where its weights take at most this share of the free GPU memory
 EXACT_MAX_RATIO = 1.5  # float32 only where a 32-token float32 forward costs at most this many 1-token ones
 PROBE_TOKENS = 32
+PROBE_CACHE = 256  # cached tokens the probe's attention reads
+BAND = 0.15  # ratios within this share of EXACT_MAX_RATIO keep the verdict remembered for these shapes
 
 
 class DeviceError(RuntimeError):
@@ -246,68 +254,158 @@ def parse_dtype(dtype) -> torch.dtype | None:
     return DTYPES[dtype]
 
 
-def exact_mode_rule(parameters: int | None, free_bytes: int | None, ratio32: float | None) -> DtypeChoice:
+def fast_bf16(device: torch.device) -> bool:
+    """Whether ``device`` runs bfloat16 natively (not emulated: T4 and V100 emulate it, slowly).
+    True where CUDA cannot say (no CUDA here): bfloat16 stays the default of an unknown GPU."""
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return True
+    try:
+        return bool(torch.cuda.is_bf16_supported(including_emulation=False))
+    except TypeError:  # torch < 2.3: no emulation flag
+        return bool(torch.cuda.is_bf16_supported())
+    except (RuntimeError, AssertionError):
+        return True
+
+
+def half_dtype(device: torch.device) -> torch.dtype:
+    """The fast dtype of ``device``: bfloat16 where it is native, else float16."""
+    return torch.bfloat16 if fast_bf16(device) else torch.float16
+
+
+def exact_mode_rule(parameters: int | None, free_bytes: int | None, ratio32: float | None,
+                    half: torch.dtype = torch.bfloat16, remembered: torch.dtype | None = None) -> DtypeChoice:
     """The GPU default (module doc) from the facts measured at load: the model's parameter count,
-    the device's free bytes, and the 32-to-1-token cost ratio of its shapes in float32."""
+    the device's free bytes, and the 32-to-1-token cost ratio of its shapes in float32; ``half``:
+    the GPU's fast dtype (:func:`half_dtype`); ``remembered``: the verdict this GPU gave these shapes
+    before, kept where the ratio is within ``BAND`` of the threshold."""
+    name = str(half).replace("torch.", "")
+    why = "" if half == torch.bfloat16 else " (this GPU emulates bfloat16)"
     if parameters is None or free_bytes is None:
-        return DtypeChoice(torch.bfloat16, "bfloat16: the model's size or the free memory was unknown")
+        return DtypeChoice(half, f"{name}{why}: the model's size or the free memory was unknown")
     need = 4 * parameters
     if need > FLOAT32_SHARE * free_bytes:
-        return DtypeChoice(torch.bfloat16, f"bfloat16: float32 weights ({need / 2**30:.1f} GiB) would take over "
-                                           f"{FLOAT32_SHARE:.0%} of the {free_bytes / 2**30:.1f} GiB free")
+        return DtypeChoice(half, f"{name}{why}: float32 weights ({need / 2**30:.1f} GiB) would take over "
+                                 f"{FLOAT32_SHARE:.0%} of the {free_bytes / 2**30:.1f} GiB free")
     if ratio32 is None:
-        return DtypeChoice(torch.bfloat16, "bfloat16: the float32 forward cost could not be measured here")
+        return DtypeChoice(half, f"{name}{why}: the float32 forward cost could not be measured here")
+    near = abs(ratio32 / EXACT_MAX_RATIO - 1.0) <= BAND
+    if near and remembered in (torch.float32, half):
+        kept = "float32" if remembered == torch.float32 else name
+        return DtypeChoice(remembered, f"{kept}: a {PROBE_TOKENS}-token float32 layer costs {ratio32:.2f}x a 1-token "
+                                       f"one, near the {EXACT_MAX_RATIO}x threshold: this GPU's earlier verdict for "
+                                       "these shapes is kept", ratio32)
     if ratio32 > EXACT_MAX_RATIO:
-        return DtypeChoice(torch.bfloat16, f"bfloat16: a {PROBE_TOKENS}-token float32 forward costs {ratio32:.1f}x "
-                                           f"a 1-token one on this GPU (exact mode needs at most "
-                                           f"{EXACT_MAX_RATIO}x)", ratio32)
-    return DtypeChoice(torch.float32, f"float32: it fits, and a {PROBE_TOKENS}-token forward costs {ratio32:.2f}x "
+        return DtypeChoice(half, f"{name}{why}: a {PROBE_TOKENS}-token float32 layer costs {ratio32:.1f}x "
+                                 f"a 1-token one on this GPU (exact mode needs at most {EXACT_MAX_RATIO}x)", ratio32)
+    return DtypeChoice(torch.float32, f"float32: it fits, and a {PROBE_TOKENS}-token layer costs {ratio32:.2f}x "
                                       "a 1-token one on this GPU", ratio32)
 
 
-def layer_shapes(config) -> list[tuple[int, int]]:
-    """(in, out) of one decoder layer's linear maps, from a transformers config."""
+class LayerShapes(list):
+    """(in, out) of one decoder layer's linear maps; ``attention``: (heads, kv heads, head dim)."""
+
+    attention: tuple[int, int, int] | None = None
+
+
+def layer_shapes(config) -> LayerShapes:
+    """One decoder layer's linear maps and attention heads, from a transformers config."""
     h = int(getattr(config, "hidden_size", 0) or getattr(config, "n_embd", 0) or 0)
     inter = int(getattr(config, "intermediate_size", 0) or 4 * h)
     heads = int(getattr(config, "num_attention_heads", 0) or 1)
     kv = int(getattr(config, "num_key_value_heads", 0) or heads)
-    head_dim = int(getattr(config, "head_dim", 0) or h // heads)
+    head_dim = int(getattr(config, "head_dim", 0) or (h // heads if h else 0))
+    out = LayerShapes()
     if not h:
-        return []
-    return [(h, heads * head_dim), (h, 2 * kv * head_dim), (heads * head_dim, h), (h, 2 * inter), (inter, h)]
+        return out
+    out += [(h, heads * head_dim), (h, 2 * kv * head_dim), (heads * head_dim, h), (h, 2 * inter), (inter, h)]
+    out.attention = (heads, kv, head_dim)
+    return out
 
 
 @torch.inference_mode()
 def float32_token_ratio(device: torch.device, shapes: list[tuple[int, int]], tokens: int = PROBE_TOKENS,
-                        repeats: int = 5) -> float | None:
-    """Seconds of one layer's linear maps for ``tokens`` rows over those for 1 row, in float32 with
-    TF32 off, on ``device`` (median of ``repeats``); None where it cannot be measured (no room,
-    no shapes, no GPU work possible in this process)."""
+                        repeats: int = 9) -> float | None:
+    """Seconds of one decoder layer for ``tokens`` query rows over those for 1 row, in float32 with
+    TF32 off, on ``device``: its linear maps and (where ``shapes.attention`` says the heads) its
+    attention over a ``PROBE_CACHE``-token cache with the tree mask; the fastest of ``repeats`` runs
+    (noise only ever adds time).  None where it cannot be measured (no room, no shapes, no GPU work
+    possible in this process)."""
     if not shapes:
         return None
+    heads = getattr(shapes, "attention", None)
     try:
         exact_float32(device)
         weights = [torch.randn(o, i, device=device) * 0.02 for i, o in shapes]
+        if heads:
+            n, kv, d = heads
+            keys = torch.randn(1, kv, PROBE_CACHE + tokens, d, device=device)
 
-        def run(q: int, weights: list[torch.Tensor]) -> float:
+        def run(q: int) -> float:
             x = torch.randn(q, max(i for i, _ in shapes), device=device)
+            if heads:
+                from .attention import folded_attention
+
+                query = torch.randn(1, n, q, d, device=device)
+                mask = torch.ones(1, 1, q, PROBE_CACHE + q, dtype=torch.bool, device=device).tril(PROBE_CACHE)
             times = []
             for r in range(repeats + 1):
                 synchronize(device)
                 t0 = time.perf_counter()
                 for w in weights:
                     torch.nn.functional.linear(x[:, :w.shape[1]], w)
+                if heads:
+                    k = keys[:, :, :PROBE_CACHE + q]
+                    folded_attention(query, k, k, mask)
                 synchronize(device)
                 if r:
                     times.append(time.perf_counter() - t0)
-            return sorted(times)[len(times) // 2]
-        one, many = run(1, weights), run(tokens, weights)
+            return min(times)
+        one, many = run(1), run(tokens)
         del weights
         release_device_memory(device)
         return many / one if one > 0 else None
     except (RuntimeError, AssertionError, torch.OutOfMemoryError):
         release_device_memory(device)
         return None
+
+
+def _memory_file():
+    from pathlib import Path
+
+    root = os.environ.get("TR_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "token_recycling")
+    return Path(root) / "dtype_rule.json"
+
+
+def _shapes_key(device: torch.device, parameters, shapes) -> str:
+    try:
+        gpu = torch.cuda.get_device_name(device)
+    except (RuntimeError, AssertionError, ValueError):
+        gpu = "GPU"
+    return f"{gpu}|{parameters}|{list(shapes or [])}|{getattr(shapes, 'attention', None)}"
+
+
+def remembered_verdict(key: str) -> torch.dtype | None:
+    import json
+
+    try:
+        name = json.loads(_memory_file().read_text()).get(key)
+    except (OSError, ValueError, AttributeError):
+        return None
+    return DTYPES.get(name) if isinstance(name, str) else None
+
+
+def remember_verdict(key: str, dtype: torch.dtype) -> None:
+    """Keep this GPU's verdict for these shapes (only asked for ratios near the threshold)."""
+    import json
+
+    path = _memory_file()
+    try:
+        data = json.loads(path.read_text()) if path.is_file() else {}
+        data[key] = str(dtype).replace("torch.", "")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(data, indent=1))
+    except (OSError, ValueError, TypeError):
+        pass  # a read-only disk: the rule still decides, only without memory
 
 
 def pick_dtype(dtype, device: torch.device, parameters: int | None = None, shapes=None,
@@ -319,11 +417,18 @@ def pick_dtype(dtype, device: torch.device, parameters: int | None = None, shape
         return DtypeChoice(asked, f"{str(asked).replace('torch.', '')}: asked for")
     if device.type != "cuda":
         return DtypeChoice(torch.float32, "float32: the default on a CPU")
-    free = free_memory(device)
-    first = exact_mode_rule(parameters, free, 1.0)  # memory alone: measure only where float32 fits
+    free, half = free_memory(device), half_dtype(device)
+    first = exact_mode_rule(parameters, free, 1.0, half)  # memory alone: measure only where float32 fits
     if first.dtype != torch.float32:
         return first
-    return exact_mode_rule(parameters, free, (measure or float32_token_ratio)(device, list(shapes or [])))
+    if shapes is not None and not isinstance(shapes, LayerShapes):
+        shapes = LayerShapes(shapes)
+    ratio = (measure or float32_token_ratio)(device, shapes if shapes is not None else LayerShapes())
+    key = _shapes_key(device, parameters, shapes)
+    choice = exact_mode_rule(parameters, free, ratio, half, remembered_verdict(key))
+    if ratio is not None and abs(ratio / EXACT_MAX_RATIO - 1.0) <= BAND:
+        remember_verdict(key, choice.dtype)
+    return choice
 
 
 def precision_words(dtype: torch.dtype) -> str:

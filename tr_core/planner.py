@@ -138,9 +138,12 @@ class ChainStats(DecayedRates):
         return self.rate(key, prior)
 
 
-def plan_tree(universe: TreeShape, estimate, cost, extra: int = 0, min_nodes: int = 0) -> tuple[TreeShape, float]:
+def plan_tree(universe: TreeShape, estimate, cost, extra: int = 0, min_nodes: int = 0,
+              baseline: float | None = None) -> tuple[TreeShape, float]:
     """Best-first growth from the root by estimated acceptance; keep the size with the best throughput
-    (``cost(q)``: seconds of a step of ``q`` query tokens), at least ``min_nodes`` nodes.
+    (``cost(q)``: seconds of a step of ``q`` query tokens), at least ``min_nodes`` nodes.  ``baseline``:
+    seconds of the step without a tree (default ``cost(1 + extra)``); the planner passes greedy's own
+    mask-free forward, so a tree is kept only where it beats plain greedy decoding.
 
     Returns the tree and its expected committed tokens per step (1 + sum of the nodes' estimates).
     """
@@ -150,7 +153,9 @@ def plan_tree(universe: TreeShape, estimate, cost, extra: int = 0, min_nodes: in
     frontier = [(-estimate(p), p) for p in children.get((), [])]
     heapq.heapify(frontier)
     chosen, gain = [], 0.0
-    best_n, best_gain, best_rate = 0, 0.0, (1.0 / cost(1 + extra) if min_nodes == 0 else 0.0)
+    if baseline is None:
+        baseline = cost(1 + extra)
+    best_n, best_gain, best_rate = 0, 0.0, (1.0 / baseline if min_nodes == 0 else 0.0)
     while frontier:
         neg, p = heapq.heappop(frontier)
         chosen.append(p)
@@ -239,7 +244,8 @@ class TreePlanner:
             self.by_temperature[key] = (stats, chain)
         self.temperature = key
         self.stats, self.chain = self.by_temperature[key]
-        self.tree, self.expected = plan_tree(self.universe, self.stats.estimate, self.step_cost)
+        self.tree, self.expected = plan_tree(self.universe, self.stats.estimate, self.step_cost,
+                                             baseline=self.greedy_cost())
 
     def begin_text(self) -> None:
         """A new request starts: what described the previous text (the lookup state, the run of idle
@@ -253,6 +259,13 @@ class TreePlanner:
         if self.budget is not None:
             return 1.0
         return self.cost(q, self.cache) + self.host(q)
+
+    def greedy_cost(self) -> float:
+        """Seconds of a plain greedy step at the cache length last seen: its mask-free 1-token forward
+        (``CostCurve.greedy``) and the host work of a 1-token step; what every plan must beat."""
+        if self.budget is not None:
+            return 1.0
+        return self.cost.greedy(self.cache) + self.host(1)
 
     def record_host(self, q: int, seconds: float) -> None:
         """A step of ``q`` query tokens spent ``seconds`` outside its forward."""
@@ -293,7 +306,8 @@ class TreePlanner:
             return None
         self.idle = self.idle + 1 if self.tree.size == 0 else 0
         floor = self.EXPLORE_NODES if self.explore and self.idle >= self.explore else 0
-        tree, self.expected = plan_tree(self.universe, self.stats.estimate, self.step_cost, min_nodes=floor)
+        tree, self.expected = plan_tree(self.universe, self.stats.estimate, self.step_cost, min_nodes=floor,
+                                        baseline=self.greedy_cost())
         if floor:
             self.idle = 0
         if tree.paths == self.tree.paths:

@@ -18,6 +18,13 @@ candidates at one position moved by up to 3 ulps between a 1-token and a 40-toke
 ``ROUNDING_ULPS`` = 8 leaves room for deeper models.  A margin within the bound is a **near-tie**; a
 larger one cannot come from rounding and is a **bug**.  In float32 the bound is a few millionths of
 a logit, so any real divergence there reads as a bug, as it should.
+
+The constant was calibrated on a CPU.  A GPU's kernels (and, in float32, the different kernels of
+1-token and multi-token forwards) round differently, so the GPU check measures the bound on the
+device itself (:func:`measure_rounding`): the same tokens are run through greedy's one-token forwards
+and through chunks of ``q`` tokens under the tree mask, and the largest change of the margin between
+the top two candidates, in ulps, is what rounding does there.  :func:`explain_divergence` then takes
+``bound_ulps`` (:func:`measured_bound_ulps`: that, with room, and never below ``ROUNDING_ULPS``).
 """
 from __future__ import annotations
 
@@ -39,9 +46,9 @@ def ulp(x: float, dtype: torch.dtype) -> float:
     return 2.0 ** (exponent - SIGNIFICANT_BITS.get(dtype, 24) + 1)
 
 
-def rounding_bound(top_logit: float, dtype: torch.dtype) -> float:
+def rounding_bound(top_logit: float, dtype: torch.dtype, ulps: float = ROUNDING_ULPS) -> float:
     """The largest logit margin that rounding in ``dtype`` explains (module doc)."""
-    return ROUNDING_ULPS * ulp(top_logit, dtype)
+    return ulps * ulp(top_logit, dtype)
 
 
 @dataclass
@@ -73,20 +80,71 @@ def first_difference(a: list[int], b: list[int]) -> int | None:
 def reference_logits(lm: LoadedModel, prompt_ids: list[int], reference: list[int], position: int) -> torch.Tensor:
     """``[vocab]`` float32: greedy decoding's logits for new token ``position``, recomputed by
     replaying its one-token forwards over ``reference[:position]`` (bit for bit what it computed)."""
-    from .decoders.greedy import GreedyDecoder
+    return replay_logits(lm, prompt_ids, reference[:position], position + 1)[-1]
 
-    dec = GreedyDecoder(lm, max_new_tokens=position + 1)
+
+@torch.inference_mode()
+def replay_logits(lm: LoadedModel, prompt_ids: list[int], reference: list[int], count: int,
+                  chunk: int = 1) -> torch.Tensor:
+    """``[count, vocab]`` float32: the logits of new tokens ``0..count-1`` with ``reference`` fed back,
+    computed as greedy decoding does (``chunk`` 1: one-token forwards, no mask) or in forwards of
+    ``chunk`` tokens under the tree mask (a chain), as a tree step computes them."""
+    from .decoders.greedy import GreedyDecoder
+    from .trees import TreeTensors
+
+    dec = GreedyDecoder(lm, max_new_tokens=count)
     dec.start(prompt_ids)
-    for token in reference[:position]:
-        dec.forward(dec.last.view(1, 1))
-        dec.last = torch.tensor(token, device=lm.device)
-    return dec.forward(dec.last.view(1, 1))[-1].float()
+    fed = [int(dec.last)] + list(reference[:count - 1])
+    out = []
+    for i in range(0, count, chunk):
+        ids = torch.tensor(fed[i:i + chunk], device=lm.device)[None]
+        if chunk == 1:
+            out.append(dec.forward(ids).float())
+            continue
+        q = ids.shape[1]
+        past = dec.cache_length
+        tree = TreeTensors.from_parents(list(range(-1, q - 1)), list(range(q)), lm.device, lm.dtype)
+        out.append(dec.forward(ids, tree.position_ids(past), lm.tree_masks(tree, past)).float())
+    return torch.cat(out)[:count]
+
+
+def measure_rounding(lm: LoadedModel, prompt_ids: list[int], reference: list[int],
+                     chunks=(4, 16, 64)) -> dict:
+    """How far a tree forward's logits move from greedy's on this device and dtype (module doc):
+    for every position of ``reference`` and every chunk size, the change of the margin between greedy's
+    top two candidates, in ulps of the larger logit; the largest and the 99th percentile, and the
+    largest change of any logit (also in ulps)."""
+    n = len(reference)
+    if n < 2:
+        return {"positions": 0, "max_margin_ulps": 0.0, "p99_margin_ulps": 0.0, "max_logit_ulps": 0.0}
+    one = replay_logits(lm, prompt_ids, reference, n)
+    top2 = one.topk(2, dim=-1).indices  # [n, 2]
+    shifts, logit_shift = [], 0.0
+    for q in sorted({min(q, n) for q in chunks}):  # a chunk longer than the output is the output
+        many = replay_logits(lm, prompt_ids, reference, n, chunk=q)
+        a, b = top2[:, 0:1], top2[:, 1:2]
+        m1 = (one.gather(1, a) - one.gather(1, b)).squeeze(1)
+        mq = (many.gather(1, a) - many.gather(1, b)).squeeze(1)
+        units = torch.tensor([ulp(float(x), lm.dtype) for x in one.gather(1, a).squeeze(1).tolist()])
+        shifts += ((m1 - mq).abs().cpu() / units).tolist()
+        logit_shift = max(logit_shift, float(((one - many).abs().amax(dim=-1).cpu() / units).max()))
+    shifts.sort()
+    return {"positions": n, "chunks": list(chunks), "max_margin_ulps": round(shifts[-1], 3),
+            "p99_margin_ulps": round(shifts[int(0.99 * (len(shifts) - 1))], 3),
+            "max_logit_ulps": round(logit_shift, 3)}
+
+
+def measured_bound_ulps(measured: float, room: float = 2.0) -> float:
+    """The bound to classify with, from the largest margin change measured (:func:`measure_rounding`):
+    ``room`` times it (positions not measured may move more), never below ``ROUNDING_ULPS``."""
+    return max(float(ROUNDING_ULPS), room * float(measured))
 
 
 def explain_divergence(lm: LoadedModel, prompt_ids: list[int], reference: list[int], output: list[int],
-                       forward_tokens: int | None = None) -> Divergence | None:
+                       forward_tokens: int | None = None, bound_ulps: float = ROUNDING_ULPS) -> Divergence | None:
     """Why ``output`` first differs from greedy decoding's ``reference`` (None where it does not);
-    ``forward_tokens``: the method's forward size at that position, for the explanation."""
+    ``forward_tokens``: the method's forward size at that position, for the explanation;
+    ``bound_ulps``: what rounding explains, in ulps (a device's measured bound: :func:`measured_bound_ulps`)."""
     pos = first_difference(reference, output)
     if pos is None or pos >= len(reference):
         return None  # identical, or the reference stopped first (it cannot then be wrong before)
@@ -95,7 +153,7 @@ def explain_divergence(lm: LoadedModel, prompt_ids: list[int], reference: list[i
         return Divergence(pos, reference[pos], None, math.inf, 0.0, BUG, dtype, forward_tokens)
     logits = reference_logits(lm, prompt_ids, reference, pos)
     top, mine = float(logits[reference[pos]]), float(logits[output[pos]])
-    margin, bound = top - mine, rounding_bound(max(top, mine, key=abs), lm.dtype)
+    margin, bound = top - mine, rounding_bound(max(top, mine, key=abs), lm.dtype, bound_ulps)
     return Divergence(pos, reference[pos], output[pos], round(margin, 6), bound,
                       NEAR_TIE if margin <= bound else BUG, dtype, forward_tokens)
 

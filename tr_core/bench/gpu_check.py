@@ -1,275 +1,598 @@
-"""The GPU check: what this project needs to know of a GPU, in one command, in a few minutes.
+"""The GPU check: what this project needs to know of a GPU, in one command, within 8 minutes.
 
-    python -m tr_core.bench.gpu_check --json gpu_check.json             # the embedded model (needs gguf)
-    python -m tr_core.bench.gpu_check --model FOLDER --json out.json    # e.g. an unpacked GPU bundle
+    python -m tr_core.bench.gpu_prepare OUT --prompts .../spec_bench/question.jsonl   # here (CPU)
+    python -m tr_core.bench.gpu_check --model OUT --out gpu_check.json              # there (GPU)
 
-It needs a CUDA build of torch and transformers only: no network, no ``gguf`` for a safetensors
-folder, no Gradio (the app part is skipped without it).  It writes a JSON file and prints a table:
+It needs PyTorch (CUDA) and transformers only: no network, no model hub, no Gradio.  ``--model``
+is a folder made by ``gpu_prepare`` (its parts are joined and checked, its ``gguf`` wheel put on
+``sys.path`` where ``gguf`` is missing), a ``.gguf`` file, any local model folder, or ``embedded``;
+``--no-weights`` (or no model at all) runs only the parts that need none.  It writes one JSON file
+(after every part, so a part that fails leaves the others) and prints one table:
 
-1. **Exact or explained**, on the embedded model (or ``--model``): every method (TR auto, TR
-   paper-80, PTD, PLD) against ``model.generate(do_sample=False)`` on a few prompts.  In float32
-   each must be identical; in bfloat16 every divergence is classified by its logit margin
-   (``tr_core.precision``) and none may be a bug.
-2. **What a 7B model's forwards cost**, on a random-weight model with Llama-2-7B's shapes, in
-   bfloat16 and float32 (TF32 off): seconds of a q-token forward for q = 1...96 over 256 and 2,048
-   cached tokens; the exact-mode rule's verdict (``tr_core.devices``); the tree the cost-aware
-   planner picks in each dtype; and two **projections** of the speedup (not measurements): the
-   planner's expected tokens per step over its tree's cost ratio, and paper-80's MAT measured in
-   part 1 over the 81-token cost ratio.
-3. **The app on this device**: started, three Steps through ``gradio_client`` (where Gradio is).
+* ``environment``: GPU, driver, CUDA, torch, transformers, where ``gguf`` came from;
+* ``no_weights``: every decoder (greedy, TR auto, TR paper-80, PTD, PLD) against
+  ``generate(do_sample=False)`` in float32 on tiny random models of the eight families and on a
+  random model of the embedded model's shape;
+* ``exactness``: the same on the model (six short built-in prompts), in float32 and bfloat16, each
+  divergence classified by its logit margin against the rounding bound **measured here**
+  (``rounding``; ``tr_core.precision``);
+* ``timed``: the bench harness (``tr_core.bench.harness``) on Spec-Bench prompts, methods interleaved,
+  with the A/A row: tokens per second, MAT, speedup over greedy;
+* ``costs``: a random-weight model of Llama-3-8B's shapes (grouped-query) in bfloat16: a forward of
+  q = 1 ... 128 query tokens over 256 and 2,048 cached tokens, with the tree mask and without, and
+  each way of running grouped-query attention under a mask; the tree the planner picks; the
+  **projected** speedup from it and from the model's measured acceptance (projections, not timings);
+* ``dtype_rule``: the dtype the rule of ``tr_core.devices`` picks for that model here, and why;
+* ``batching``: a forward's cost over its total tokens for batches of 1, 8 and 32 trees.
 
-``--device cpu --shapes small`` runs the same on any machine in seconds (the test suite does).
+``--device cpu --shapes small`` runs all of it on any machine in about a minute (the suite does).
+The app's own check (three Steps through ``gradio_client``) needs Gradio and lives with the app:
+``python -m components.app_check`` runs this check with it.
 """
 from __future__ import annotations
 
 import argparse
 import json
-import socket
+import platform
 import sys
 import time
 from pathlib import Path
 
-import torch
-
-from ..cost import COST_LENGTHS, CostCurve, time_forwards
-from ..devices import describe_machine, exact_float32, layer_shapes, pick_device, pick_dtype
-from ..models import LoadedModel, load_model
-from ..precision import BUG, explain_divergence
-from .peers import HFGenerate
-
-ROOT = Path(__file__).resolve().parents[2]
 PROMPTS = ["Explain in two sentences why the sky is blue.",
            "Write a Python function that returns the n-th Fibonacci number.",
            "Translate into French: The weather is nice today and we are going to the park.",
            "Summarise: The meeting moved to Tuesday because the room was booked on Monday.",
            "List three colours of the rainbow.",
            "Rewrite more politely: Send me the report now."]
-SHAPES = {  # Llama-2-7B's config, and a tiny one of the same kind for any machine
-    "7b": dict(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32, num_attention_heads=32,
-               num_key_value_heads=32, vocab_size=32000, max_position_embeddings=4096),
-    "small": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                  num_key_value_heads=2, vocab_size=256, max_position_embeddings=4096),
-}
+METHODS = ("greedy", "tr (auto)", "tr:paper-80", "ptd", "pld")
+TIMED_METHODS = "tr,tr:paper-80,ptd,pld"
+SHAPES = ("7b", "small")
+LENGTHS = {"7b": (1, 2, 4, 8, 16, 24, 32, 48, 64, 81, 96, 128), "small": (1, 2, 4, 8, 16, 32, 81, 128)}
+CACHES = {"7b": (256, 2048), "small": (16, 64)}
+BATCHES = (1, 8, 32)
+BATCH_TREE = 16  # query tokens of each tree in the batching part
 
 
-# ---- 1. exact or explained ----------------------------------------------------------------------
+# ---- where things are ----------------------------------------------------------------------------
+def resolve_model(spec: str | None) -> tuple[str | None, dict]:
+    """(the path ``load_model`` takes, what was done to get it) for ``--model``: a prepared folder
+    (parts joined, wheels on ``sys.path``), a ``manifest.json`` folder, a file or folder as it is."""
+    from .gpu_pieces import MANIFEST, MODEL_DIR, PROMPTS as PROMPT_FILE, WHEEL_DIR, reassemble, use_wheels
+
+    info: dict = {"spec": spec}
+    if spec in (None, "", "none"):
+        return None, info
+    p = Path(spec).expanduser()
+    if p.is_dir() and (p / MODEL_DIR / MANIFEST).is_file():
+        info["wheels"] = use_wheels(p / WHEEL_DIR)
+        if (p / PROMPT_FILE).is_file():
+            info["prompts"] = str(p / PROMPT_FILE)
+        p = p / MODEL_DIR
+    if p.is_dir() and (p / MANIFEST).is_file():
+        try:
+            path = reassemble(p)
+        except OSError:  # a read-only copy: joined in the temporary folder
+            import tempfile
+
+            path = reassemble(p, Path(tempfile.gettempdir()) / "tr_gpu_check")
+        info["joined"] = str(path)
+        return str(path), info
+    return spec, info
+
+
+def gguf_status() -> str:
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec("gguf")
+    except (ImportError, ValueError):
+        spec = None
+    if spec is None:
+        return "missing"
+    origin = str(spec.origin or "")
+    return f"from {origin.split('.whl')[0]}.whl" if ".whl" in origin else "installed"
+
+
+def environment(dev) -> dict:
+    import subprocess
+
+    import torch
+    import transformers
+
+    from ..devices import describe_machine
+
+    env = {"device": str(dev), "machine": describe_machine(dev), "python": platform.python_version(),
+           "torch": torch.__version__, "transformers": transformers.__version__, "cuda": torch.version.cuda,
+           "gguf": gguf_status(), "driver": None}
+    if dev.type == "cuda":
+        env["capability"] = ".".join(map(str, torch.cuda.get_device_capability(dev)))
+        env["memory_gib"] = round(torch.cuda.get_device_properties(dev).total_memory / 2**30, 1)
+        try:
+            env["driver"] = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                                           capture_output=True, text=True, timeout=20).stdout.split("\n")[0].strip()
+        except (OSError, subprocess.SubprocessError):
+            env["driver"] = "unknown (no nvidia-smi)"
+    return env
+
+
+# ---- exact or explained ---------------------------------------------------------------------------
 def method_makers(lm, n: int) -> dict:
-    from ..decoders import ProgressiveTreeDecoder, PromptLookupDecoder, TokenRecyclingDecoder
+    from ..decoders import GreedyDecoder, ProgressiveTreeDecoder, PromptLookupDecoder, TokenRecyclingDecoder
 
-    return {"tr (auto)": lambda: TokenRecyclingDecoder(lm, tree="auto", max_new_tokens=n, trace_rows=False),
+    return {"greedy": lambda: GreedyDecoder(lm, n),
+            "tr (auto)": lambda: TokenRecyclingDecoder(lm, tree="auto", max_new_tokens=n, trace_rows=False),
             "tr:paper-80": lambda: TokenRecyclingDecoder.paper(lm, "paper-80", max_new_tokens=n, trace_rows=False),
             "ptd": lambda: ProgressiveTreeDecoder(lm, n),
             "pld": lambda: PromptLookupDecoder(lm, n)}
 
 
-def check_exactness(lm: LoadedModel, prompts: list[str], tokens: int) -> dict:
-    """Every method against ``generate(do_sample=False)``: identical share, MAT, divergences by cause."""
+def flat_curve(steep: bool = False):
+    """A cost curve on which every query size costs the same: the planners then draft their biggest
+    trees, so every tree path runs (what the exactness parts need; the costs part measures).
+    ``steep``: each extra query token costs a tenth of a forward (a CPU's small trees, quick to run)."""
+    from ..cost import CostCurve
+
+    return CostCurve([1, 128], [1.0, 13.7 if steep else 1.0])
+
+
+def check_exactness(lm, prompt_ids: list[list[int]], tokens: int, measure: bool = True) -> dict:
+    """Every method against ``generate(do_sample=False)`` on each prompt: identical, near-ties, bugs,
+    MAT; each divergence classified against the rounding bound measured on the first prompt.  On a
+    CPU, a model with no cost curve yet gets a steep one (:func:`flat_curve`): measuring one there
+    takes minutes and changes no output."""
+    if lm.cost_curve is None and lm.device.type == "cpu":
+        lm.cost_curve = flat_curve(steep=True)
+    from ..precision import BUG, NEAR_TIE, ROUNDING_ULPS, explain_divergence, measure_rounding, measured_bound_ulps
+    from .peers import HFGenerate
+
+    references = [HFGenerate(lm, tokens).generate(ids) for ids in prompt_ids]
+    rounding = measure_rounding(lm, prompt_ids[0], references[0]) if measure else {"max_margin_ulps": 0.0}
+    bound = measured_bound_ulps(rounding["max_margin_ulps"])
     rows: dict[str, dict] = {}
-    for text in prompts:
-        ids = lm.encode_prompt(text)
-        reference = HFGenerate(lm, tokens).generate(ids)
+    for ids, reference in zip(prompt_ids, references):
         for name, make in method_makers(lm, tokens).items():
             dec = make()
             out = dec.generate(ids)
-            r = rows.setdefault(name, {"prompts": 0, "identical": 0, "tokens": 0, "forwards": 0, "divergences": []})
+            r = rows.setdefault(name, {"prompts": 0, "identical": 0, "near_ties": 0, "bugs": 0, "tokens": 0,
+                                       "forwards": 0, "divergences": []})
             r["prompts"] += 1
             r["tokens"] += len(out)
             r["forwards"] += len(dec.steps)
             if out == reference:
                 r["identical"] += 1
                 continue
-            div = explain_divergence(lm, ids, reference, out)
-            r["divergences"].append(div.to_json() if div is not None else {"cause": "reference stopped first"})
+            div = explain_divergence(lm, ids, reference, out, bound_ulps=bound)
+            if div is None:  # the reference stopped first: nothing to explain before it
+                r["divergences"].append({"cause": "reference stopped first"})
+                continue
+            r["divergences"].append(div.to_json())
+            r["near_ties"] += div.cause == NEAR_TIE
+            r["bugs"] += div.cause == BUG
     for r in rows.values():
-        r["mat"] = r["tokens"] / max(r["forwards"], 1)
-        r["bugs"] = sum(d.get("cause") == BUG for d in r["divergences"])
-    return rows
+        r["mat"] = round(r["tokens"] / max(r["forwards"], 1), 3)
+    rounding.update(bound_ulps=bound, constant_ulps=ROUNDING_ULPS, dtype=str(lm.dtype).replace("torch.", ""))
+    return {"rounding": rounding, "methods": rows}
 
 
-# ---- 2. what a big model's forwards cost ----------------------------------------------------------
-def random_model(shapes: str, device: torch.device, dtype: torch.dtype) -> LoadedModel:
-    """A random-weight Llama of ``SHAPES[shapes]`` built on ``device`` (no weights read)."""
-    from transformers import AutoModelForCausalLM, LlamaConfig
+def random_prompts(vocab: int, count: int, length: int = 24, seed: int = 0) -> list[list[int]]:
+    """Prompts of random ids (above the special ids), each with a repeated stretch to retrieve."""
+    import torch
 
-    from ..attention import register
-    from ..layout import AttentionLayout
-
-    config = LlamaConfig(**SHAPES[shapes])
-    with torch.device(device):
-        model = AutoModelForCausalLM.from_config(config, attn_implementation=register(), dtype=dtype).eval()
-    return bare(model, f"random Llama ({shapes} shapes)", AttentionLayout.from_config(config))
-
-
-def bare(model, name: str, layout) -> LoadedModel:
-    p = next(model.parameters())
-    return LoadedModel(model=model, tokenizer=None, name=name, device=p.device, dtype=p.dtype,
-                       vocab_size=model.config.vocab_size, fingerprint="random", eos_token_ids=(),
-                       max_context=model.config.max_position_embeddings, layout=layout)
-
-
-def check_costs(lm: LoadedModel, lengths, caches, repeats: int, paper_mat: float | None) -> dict:
-    """The forward-cost curve over each cache length, the planner's tree and the projections."""
-    from ..planner import TreePlanner
-
-    if lm.dtype == torch.float32:
-        exact_float32(lm.device)
-    curves = {str(c): time_forwards(lm, list(lengths), c, repeats) for c in caches}
-    far = dict(zip(lengths, curves[str(caches[-1])]))
-    lm.cost_curve = CostCurve.from_two_caches(lengths, curves[str(caches[0])], caches[0], far, caches[-1])
-    planner = TreePlanner(lm)
-    size = planner.tree.size
-    ratio = lm.cost_curve(1 + size) / lm.cost_curve(1)
-    out = {"dtype": str(lm.dtype).replace("torch.", ""), "lengths": list(lengths), "seconds_by_cache": curves,
-           "per_query_token_per_cached_token": lm.cost_curve.per_cache,
-           "per_cached_token_any_size": lm.cost_curve.per_cache_fixed,
-           "planner_tree_nodes": size, "planner_expected_tokens": round(planner.expected, 3),
-           "planner_cost_ratio": round(ratio, 3),
-           "projected_speedup_planner": round(planner.expected / ratio, 3)}
-    if paper_mat is not None and 81 <= max(lengths):
-        r81 = lm.cost_curve(81) / lm.cost_curve(1)
-        out.update(paper80_cost_ratio=round(r81, 3), projected_speedup_paper80=round(paper_mat / r81, 3))
+    gen = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(count):
+        ids = torch.randint(3, vocab, (length,), generator=gen).tolist()
+        out.append(ids + ids[: length // 3])
     return out
 
 
-# ---- 3. the app ---------------------------------------------------------------------------------
-def check_app(lm: LoadedModel, prompt: str) -> dict:
-    """The app on ``lm``'s device: launched, three Steps through gradio_client (skipped without Gradio)."""
-    try:
-        import gradio  # noqa: F401
-        from gradio_client import Client
-    except ImportError:
-        return {"skipped": "gradio is not installed"}
-    sys.path.insert(0, str(ROOT))
-    from app import build_app, serve
-    from components.model_hub import ModelHub
+def check_no_weights(dev, tokens: int, prompts: int, families=None, layers: int | None = None) -> dict:
+    """The decoders on random models of real shapes in float32 (module doc); ``families``: which of
+    the eight (default: all); ``layers``: the embedded shape's model with this many layers only
+    (widths, heads and vocabulary kept; a CPU's quick run)."""
+    import torch
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    demo = build_app(ModelHub(loaded={"embedded": lm}), cap=64)
-    serve(demo, "127.0.0.1", port, prevent_thread_lock=True, quiet=True)
-    try:
-        client = Client(f"http://127.0.0.1:{port}/", verbose=False)
-        args = (prompt, "embedded", "auto", 8, 24, True, True, "Token Recycling (TR)")
-        counters = [client.predict(*args, api_name="/do_step")[4] for _ in range(3)]
-        return {"steps": 3, "identical": all("identical to greedy" in c for c in counters),
-                "distinct_steps": len(set(counters))}
-    finally:
-        demo.close()
+    from ..devices import exact_float32
+    from .random_models import family_configs, random_lm, smollm2_config
+
+    exact_float32(dev)
+    out = {}
+    big = smollm2_config()
+    if layers:
+        big.num_hidden_layers = layers
+    models = {**{k: v for k, v in family_configs().items() if families is None or k in families},
+              "smollm2-135m shape" + (f" ({layers} layers)" if layers else ""): big}
+    for name, config in models.items():
+        t0 = time.perf_counter()
+        lm = random_lm(config, dev, torch.float32, name=f"random {name}")
+        lm.cost_curve = flat_curve()  # the biggest trees: every path of the tree step runs
+        result = check_exactness(lm, random_prompts(config.vocab_size, prompts), tokens)
+        result["seconds"] = round(time.perf_counter() - t0, 1)
+        out[name] = result
+        del lm
+    return out
+
+
+def in_dtype(lm, name: str):
+    """A copy of ``lm`` in dtype ``name`` (one load for every dtype: a ``.gguf`` file is dequantised to
+    float32 and cast, as ``load_model`` does); None where ``lm`` is not float32."""
+    import copy
+    import dataclasses
+
+    import torch
+
+    if lm.dtype != torch.float32:
+        return None
+    dtype = getattr(torch, name)
+    model = copy.deepcopy(lm.model).to(dtype)
+    return dataclasses.replace(lm, model=model, dtype=dtype, cost_curve=None, _token_text={},
+                               dtype_reason=f"{name}: asked for")
+
+
+def load_prompt_texts(path: str | None, limit: int, count: int) -> list:
+    """Spec-Bench prompts (``limit`` a category) from ``path``, else the built-in ones."""
+    from .data import BenchPrompt, load_prompts
+
+    if path and Path(path).is_file():
+        return load_prompts(path, limit)
+    return [BenchPrompt(str(i), "builtin", t, (t,)) for i, t in enumerate(PROMPTS[:count])]
+
+
+def check_timed(lm, prompts: list, tokens: int, methods: str = TIMED_METHODS) -> dict:
+    """The bench harness: ``methods`` with greedy, its A/A twin and ``hf-greedy``, interleaved."""
+    from .harness import parse_methods, run_benchmark
+    from .report import summarize
+
+    specs = parse_methods(methods, lm)
+    runs = run_benchmark(lm, prompts, specs, tokens, warmup=1, progress=False)
+    s = summarize(runs)
+    keep = ("prompts", "new_tokens", "tok_per_s", "mat", "speedup", "speedup_ci", "identical", "mean_forward_tokens")
+    return {"dtype": str(lm.dtype).replace("torch.", ""), "prompts": len(prompts), "max_new_tokens": tokens,
+            "baseline": s["baseline"], "aa": s["aa"], "warnings": s["warnings"],
+            "methods": {n: {k: m.get(k) for k in keep} for n, m in s["methods"].items()},
+            "mismatches": {n: m["mismatches"] for n, m in s["methods"].items() if m.get("mismatches")}}
+
+
+# ---- what a 7B model's forwards cost --------------------------------------------------------------
+def big_config(shapes: str):
+    from .random_models import llama3_8b_config, small_gqa_config
+
+    return llama3_8b_config() if shapes == "7b" else small_gqa_config()
+
+
+def bare(model, name: str):
+    """A ``LoadedModel`` around a random model whose ids alone matter (no tokenizer)."""
+    from ..layout import AttentionLayout
+    from ..models import LoadedModel
+
+    p = next(model.parameters())
+    return LoadedModel(model=model, tokenizer=None, name=name, device=p.device, dtype=p.dtype,
+                       vocab_size=model.config.vocab_size, fingerprint="random", eos_token_ids=(),
+                       max_context=model.config.max_position_embeddings, layout=AttentionLayout.from_config(model.config))
+
+
+def check_costs(big, shapes: str, repeats: int, measured_mat: dict) -> dict:
+    """Forward seconds by query tokens and cache length, masked and not; the ways of grouped-query
+    attention under a mask; the planner's tree and the projections (module doc)."""
+    from .. import attention
+    from ..cost import CostCurve, time_forwards
+    from ..planner import TreePlanner
+
+    lengths, caches = LENGTHS[shapes], CACHES[shapes]
+    dev_type = big.device.type
+    seconds = {str(c): {"masked": time_forwards(big, lengths, c, repeats),
+                        "no_mask": time_forwards(big, lengths, c, repeats, mask=False)} for c in caches}
+    ways = {}
+    native = attention.MASKED_GQA.get(dev_type, "repeat_kv")
+    for way in dict.fromkeys((native, "fold", "enable_gqa", "repeat_kv")):
+        saved = attention.MASKED_GQA.get(dev_type)
+        attention.MASKED_GQA[dev_type] = way
+        try:
+            ways[way] = time_forwards(big, lengths, caches[-1], repeats)
+        finally:
+            attention.MASKED_GQA[dev_type] = saved
+    near, far = seconds[str(caches[0])], seconds[str(caches[-1])]
+    curve = CostCurve.from_two_caches(lengths, near["masked"], caches[0], dict(zip(lengths, far["masked"])), caches[-1])
+    curve.plain_ratio = near["no_mask"][0] / near["masked"][0]
+    big.cost_curve = curve
+    planner = TreePlanner(big)
+    size = planner.tree.size
+    ratio = curve(1 + size) / curve.greedy()
+    out = {"model": big.name, "dtype": str(big.dtype).replace("torch.", ""), "lengths": list(lengths),
+           "seconds_by_cache": seconds, "masked_gqa_at_longest_cache": ways, "masked_gqa_way": native,
+           "plain_ratio": round(curve.plain_ratio, 4), "per_query_token_per_cached_token": curve.per_cache,
+           "per_cached_token_any_size": curve.per_cache_fixed,
+           "planner": {"tree_nodes": size, "tree": planner.tree.name, "paths": [list(p) for p in planner.tree.paths],
+                       "expected_tokens": round(planner.expected, 3), "cost_ratio": round(ratio, 3)},
+           "projection": {"note": "PROJECTED, not timed: expected tokens per step over the step's cost ratio "
+                                  "to greedy's mask-free 1-token forward, on this 7B-shaped curve",
+                          "planner_prior": round(planner.expected / ratio, 3)}}
+    r81 = curve(81) / curve.greedy()
+    out["projection"]["paper80_cost_ratio"] = round(r81, 3)
+    for name, mat in measured_mat.items():  # the model's measured acceptance on this curve
+        if name == "tr:paper-80":
+            out["projection"]["paper80_measured_mat"] = round(mat["mat"] / r81, 3)
+        elif mat.get("mean_forward_tokens"):
+            q = max(1, round(mat["mean_forward_tokens"]))
+            out["projection"][f"{name}_measured_mat"] = round(mat["mat"] / (curve(q) / curve.greedy()), 3)
+    return out
+
+
+def check_dtype_rule(dev, config) -> dict:
+    from ..devices import fast_bf16, free_memory, layer_shapes, pick_dtype
+    from ..models import parameter_count
+
+    params = parameter_count(config)  # on the meta device: the rule sees the card before the model is on it
+    rule = pick_dtype("auto", dev, params, layer_shapes(config))
+    free = free_memory(dev)
+    return {"parameters": params, "dtype": str(rule.dtype).replace("torch.", ""), "reason": rule.reason,
+            "ratio32": None if rule.ratio32 is None else round(rule.ratio32, 3), "fast_bf16": fast_bf16(dev),
+            "free_gib": None if not free else round(free / 2**30, 1)}
+
+
+def check_batching(big, repeats: int, cache: int) -> dict:
+    """Seconds of one forward of ``b`` chain trees of ``BATCH_TREE`` tokens over ``cache`` cached
+    tokens each, for b in ``BATCHES``; and per token."""
+    import torch
+
+    from ..devices import synchronize
+    from ..trees import TreeTensors
+
+    out = {}
+    dev = big.device
+    gen = torch.Generator().manual_seed(1)
+    q = BATCH_TREE
+    tree = TreeTensors.from_parents(list(range(-1, q - 1)), list(range(q)), dev, big.dtype)
+    for b in BATCHES:
+        try:
+            ids = torch.randint(100, big.vocab_size, (b, cache + q), generator=gen).to(dev)
+            mask = big.tree_masks(tree, cache)
+            if not torch.is_tensor(mask):
+                return {"skipped": "per-layer masks"}
+            mask = mask.expand(b, *mask.shape[1:])
+            pos = tree.position_ids(cache).expand(b, q)
+            cache_obj = big.new_cache()
+            with torch.inference_mode():
+                big.model(input_ids=ids[:, :cache], use_cache=True, logits_to_keep=1, **{big.cache_arg: cache_obj})
+                times = []
+                for r in range(repeats + 1):
+                    synchronize(dev)
+                    t0 = time.perf_counter()
+                    big.model(input_ids=ids[:, cache:], position_ids=pos, attention_mask=mask, use_cache=True,
+                              logits_to_keep=q, **{big.cache_arg: cache_obj})
+                    synchronize(dev)
+                    if r:
+                        times.append(time.perf_counter() - t0)
+                    cache_obj.crop(-q)
+            s = sorted(times)[len(times) // 2]
+            out[str(b)] = {"total_tokens": b * q, "seconds": s, "per_token": s / (b * q)}
+            del cache_obj
+        except torch.OutOfMemoryError:
+            out[str(b)] = {"skipped": "out of memory"}
+            break
+    return {"cache": cache, "tree_tokens": q, "by_batch": out}
 
 
 # ---- the command ----------------------------------------------------------------------------------
-def run_check(model: str | None, device: str | None, shapes: str, prompts: int, tokens: int,
-              dtypes: list[str], app: bool = True, repeats: int = 3, loaded: dict | None = None,
-              json_path: str | None = None) -> dict:
-    """The three parts (module doc); ``loaded``: models already in memory by dtype name (tests);
-    ``json_path``: written after each part, so that a part that fails leaves the others."""
-    from transformers import LlamaConfig
+def run_check(model: str | None = None, device: str | None = None, shapes: str = "7b", prompts: int = 6,
+              tokens: int = 64, dtypes=("float32", "bfloat16"), repeats: int = 3, json_path: str | None = None,
+              no_weights: bool = False, prompts_file: str | None = None, limit: int = 1, timed_tokens: int = 96,
+              timed_dtype: str = "float32", random_prompts_count: int = 2, random_tokens: int = 32,
+              batching: bool = True, parts=None, loaded: dict | None = None, families=None,
+              timed_prompts: int | None = None) -> dict:
+    """Every part of the module doc; ``parts``: more ``{name: fn(lm, texts) -> dict}`` run on the
+    model at the end (the app's check); ``loaded``: models already in memory by dtype name (tests)."""
+    import torch
 
-    from ..devices import free_memory
-    from ..models import parameter_count
+    from ..devices import pick_device, release_device_memory
+    from ..models import load_model
+
+    started = time.perf_counter()
+    path, info = resolve_model(None if no_weights else model)
+    dev = pick_device(device)
+    report: dict = {"environment": environment(dev), "model": info, "no_weights": {}, "exactness": {},
+                    "timed": {}, "costs": {}, "dtype_rule": {}, "batching": {}, "parts": {}}
 
     def save():
+        report["seconds"] = round(time.perf_counter() - started, 1)
         if json_path:
-            Path(json_path).write_text(json.dumps(report, indent=2))
-    dev = pick_device(device)
-    started = time.perf_counter()
-    report: dict = {"device": str(dev), "machine": describe_machine(dev), "torch": torch.__version__,
-                    "exactness": {}, "costs": {}, "app": None}
-    texts = PROMPTS[:prompts]
-    paper_mat, fp32_lm = None, None
-    for name in dtypes:
-        lm = (loaded or {}).get(name) or load_model(model, str(dev), name)
-        report["exactness"][name] = check_exactness(lm, texts, tokens)
-        if name == "float32":
-            paper_mat, fp32_lm = report["exactness"][name]["tr:paper-80"]["mat"], lm
-        save()
-    caches = (256, 2048) if shapes == "7b" else (16, 64)
-    lengths = COST_LENGTHS if shapes == "7b" else (1, 2, 4, 8, 16, 32, 81, 96)
-    config = LlamaConfig(**SHAPES[shapes])
-    params = parameter_count(config)  # on the meta device: the rule sees the card before the model is on it
-    rule = pick_dtype("auto", dev, params, layer_shapes(config))
-    report["exact_mode_rule"] = {"parameters": params, "dtype": str(rule.dtype).replace("torch.", ""),
-                                 "reason": rule.reason}
-    big = random_model(shapes, dev, torch.bfloat16)
-    report["costs"]["bfloat16"] = check_costs(big, lengths, caches, repeats, paper_mat)
-    save()
-    free = free_memory(dev)
-    if dev.type == "cuda" and (free is None or 4 * params > 0.9 * (free + 2 * params)):
-        report["costs"]["float32"] = {"skipped": f"float32 weights ({4 * params / 2**30:.1f} GiB) do not fit"}
-    else:
+            Path(json_path).write_text(json.dumps(report, indent=2, default=str))
+
+    def part(name, fn):
+        t0 = time.perf_counter()
         try:
-            big.model.to(torch.float32)
-            report["costs"]["float32"] = check_costs(bare(big.model, big.name, big.layout), lengths, caches,
-                                                     repeats, paper_mat)
-        except torch.OutOfMemoryError:
-            report["costs"]["float32"] = {"skipped": "out of memory in float32"}
-    del big
-    if dev.type == "cuda":
-        torch.cuda.empty_cache()
-    save()
-    if app:
-        report["app"] = check_app(fp32_lm or load_model(model, str(dev)), texts[0])
-    report["seconds"] = round(time.perf_counter() - started, 1)
+            report[name] = fn()
+        except torch.OutOfMemoryError as err:
+            report[name] = {"error": f"out of memory: {str(err).splitlines()[0]}"}
+        except Exception as err:  # noqa: BLE001 - one part failing leaves the others
+            report[name] = {"error": f"{type(err).__name__}: {err}"}
+        if isinstance(report[name], dict):
+            report[name].setdefault("seconds", round(time.perf_counter() - t0, 1))
+        release_device_memory(dev)
+        save()
+
+    part("no_weights", lambda: check_no_weights(dev, random_tokens, random_prompts_count, families,
+                                                None if shapes == "7b" else 2))
+    measured: dict = {}
+    have_model = not no_weights and (path is not None or loaded)
+    if not have_model:
+        why = "--no-weights" if no_weights else "no --model given"
+        for name in ("exactness", "timed"):
+            report[name] = {"skipped": why}
+    else:
+        texts = load_prompt_texts(prompts_file or info.get("prompts"), limit, prompts)
+        models = {}
+
+        def exactness():
+            out = {}
+            first = None
+            for name in dtypes:
+                lm = (loaded or {}).get(name) or (first and in_dtype(first, name)) or load_model(
+                    path, str(dev), name, prepack=False)
+                first = first or lm
+                report["model"]["name"] = lm.name
+                ids = [lm.encode_prompt(text) for text in PROMPTS[:prompts]]  # short: exactness needs no more
+                out[name] = check_exactness(lm, ids, tokens)
+                models[name] = lm if name == timed_dtype else None
+                save()
+            return out
+        part("exactness", exactness)
+
+        def timed():
+            lm = models.get(timed_dtype) or (loaded or {}).get(timed_dtype) or load_model(path, str(dev), timed_dtype, prepack=False)
+            return check_timed(lm, texts[:timed_prompts] if timed_prompts else texts, timed_tokens)
+        part("timed", timed)
+        measured = report["timed"].get("methods", {}) if isinstance(report["timed"], dict) else {}
+        if "tr:paper-80" not in measured:
+            measured = report["exactness"].get(timed_dtype, {}).get("methods", {})
+        for name, fn in (parts or {}).items():
+            part_lm = models.get(timed_dtype) or load_model(path, str(dev), timed_dtype, prepack=False)
+            report["parts"][name] = fn(part_lm, texts[0].text)
+            save()
+        models.clear()
+    config = big_config(shapes)
+    part("dtype_rule", lambda: check_dtype_rule(dev, config))
+    holder = {}
+
+    def costs():
+        from .random_models import random_model
+
+        holder["big"] = bare(random_model(config, dev, torch.bfloat16, sharpen=1.0),
+                             f"random Llama-3-8B shapes" if shapes == "7b" else "random small GQA Llama")
+        return check_costs(holder["big"], shapes, repeats,
+                           {k: v for k, v in measured.items() if k in ("tr:paper-80", "tr", "tr (auto)")})
+    part("costs", costs)
+    if batching and "big" in holder:
+        part("batching", lambda: check_batching(holder["big"], repeats, CACHES[shapes][0]))
+    holder.clear()
     save()
     return report
 
 
+def verdict(report: dict) -> tuple[bool, str]:
+    """(passed, words): no bug anywhere, every float32 output identical or a measured near-tie, every
+    part ran."""
+    bugs = near = 0
+    for group in [report.get("exactness", {}), *([report.get("no_weights", {})])]:
+        for block in group.values():
+            for m in (block.get("methods", {}) if isinstance(block, dict) else {}).values():
+                bugs += m["bugs"]
+                near += m["near_ties"]
+    errors = [k for k, v in report.items() if isinstance(v, dict) and "error" in v]
+    ok = not bugs and not errors
+    return ok, f"{'OK' if ok else 'FAILED'}: bugs {bugs}; near-ties (explained) {near}; parts failed: " \
+               f"{', '.join(errors) or 'none'}"
+
+
 def format_report(r: dict) -> str:
-    lines = [f"GPU check on {r['device']} ({r['machine']}), torch {r['torch']}, {r['seconds']} s", "",
-             f"{'dtype':<10}{'method':<14}{'identical':>10}{'MAT':>7}{'near-ties':>11}{'bugs':>6}"]
-    for dtype, rows in r["exactness"].items():
-        for name, m in rows.items():
-            ties = sum(d.get("cause") == "near-tie" for d in m["divergences"])
-            lines.append(f"{dtype:<10}{name:<14}{m['identical']:>5}/{m['prompts']:<4}{m['mat']:>7.2f}{ties:>11}"
-                         f"{m['bugs']:>6}")
-    rule = r.get("exact_mode_rule", {})
-    lines += ["", f"exact-mode rule for {rule.get('parameters', 0) / 1e9:.2f}B parameters: {rule.get('reason')}", "",
-              "forward cost (ms) over the first cache length; q = query tokens"]
-    for dtype, c in r["costs"].items():
-        if "skipped" in c:
-            lines.append(f"{dtype:<10}skipped: {c['skipped']}")
-            continue
-        first = next(iter(c["seconds_by_cache"].values()))
-        cells = "  ".join(f"{q}:{s * 1e3:.1f}" for q, s in zip(c["lengths"], first) if q in (1, 8, 16, 32, 81, 96))
-        proj = f"; PROJECTED speedup {c['projected_speedup_planner']:.2f}x (planner)"
-        if "projected_speedup_paper80" in c:
-            proj += f", {c['projected_speedup_paper80']:.2f}x (paper-80: MAT / {c['paper80_cost_ratio']:.2f})"
-        lines.append(f"{dtype:<10}{cells}")
-        lines.append(f"{'':<10}planner picks {c['planner_tree_nodes']} nodes (cost ratio {c['planner_cost_ratio']:.2f})"
-                     f"{proj}")
-    lines += ["", f"app: {r['app']}"]
+    e = r["environment"]
+    lines = [f"GPU check on {e['device']} ({e['machine']}), driver {e.get('driver')}, CUDA {e.get('cuda')}, "
+             f"torch {e['torch']}, transformers {e['transformers']}, gguf {e['gguf']}; {r.get('seconds')} s", ""]
+
+    def table(title, groups):
+        lines.append(title)
+        lines.append(f"  {'model':<31}{'dtype':<10}{'method':<13}{'identical':>10}{'near-ties':>10}{'bugs':>6}"
+                     f"{'MAT':>7}{'bound ulps (measured)':>24}")
+        for model, block in groups:
+            if not isinstance(block, dict) or "methods" not in block:
+                lines.append(f"  {model:<31}{block}")
+                continue
+            rd = block["rounding"]
+            for name, m in block["methods"].items():
+                lines.append(f"  {model:<31}{rd['dtype']:<10}{name:<13}{m['identical']:>5}/{m['prompts']:<4}"
+                             f"{m['near_ties']:>10}{m['bugs']:>6}{m['mat']:>7.2f}"
+                             f"{rd['bound_ulps']:>10.1f} ({rd['max_margin_ulps']:.1f})")
+        lines.append("")
+    nw = r.get("no_weights", {})
+    table("no weights: every decoder vs generate(do_sample=False), float32, random models",
+          [(k, v) for k, v in nw.items() if k != "seconds"] if "error" not in nw else [("-", nw)])
+    ex = r.get("exactness", {})
+    table(f"exactness on {r['model'].get('name', r['model'].get('spec'))}",
+          [(d, v) for d, v in ex.items() if d != "seconds"] if "skipped" not in ex and "error" not in ex else [("-", ex)])
+    t = r.get("timed", {})
+    if "methods" in t:
+        lines.append(f"timed ({t['dtype']}, {t['prompts']} prompts x {t['max_new_tokens']} tokens, interleaved; "
+                     f"baseline {t['baseline']}; A/A {t['aa'] and t['aa']['ratio']})")
+        lines.append(f"  {'method':<14}{'tok/s':>9}{'MAT':>7}{'speedup':>9}{'identical':>11}")
+        for n, m in t["methods"].items():
+            lines.append(f"  {n:<14}{m['tok_per_s']:>9.1f}{(m['mat'] or 0):>7.2f}{m['speedup']:>8.2f}x"
+                         f"{'' if m['identical'] is None else format(m['identical'], '.0%'):>11}")
+        lines += [f"  warning: {w}" for w in t.get("warnings", [])]
+    else:
+        lines.append(f"timed: {t}")
+    lines.append("")
+    c = r.get("costs", {})
+    if "seconds_by_cache" in c:
+        lines.append(f"forward ms, {c['model']} ({c['dtype']}); q = query tokens")
+        for cache, s in c["seconds_by_cache"].items():
+            for kind in ("masked", "no_mask"):
+                cells = " ".join(f"{q}:{x * 1e3:.1f}" for q, x in zip(c["lengths"], s[kind]))
+                lines.append(f"  cache {cache:>5} {kind:<8} {cells}")
+        for way, s in c["masked_gqa_at_longest_cache"].items():
+            cells = " ".join(f"{q}:{x * 1e3:.1f}" for q, x in zip(c["lengths"], s))
+            lines.append(f"  masked GQA '{way}'{' (used)' if way == c['masked_gqa_way'] else ''}: {cells}")
+        p, pr = c["planner"], c["projection"]
+        lines.append(f"  planner picks {p['tree_nodes']} nodes (expects {p['expected_tokens']:.2f} tokens a step, "
+                     f"cost {p['cost_ratio']:.2f}x greedy's forward)")
+        extra = ", ".join(f"{k} {v:.2f}x" for k, v in pr.items() if k.endswith("measured_mat"))
+        lines.append(f"  PROJECTED speedup (not timed): {pr['planner_prior']:.2f}x from the planner's prior"
+                     f"{'; ' + extra if extra else ''}")
+    else:
+        lines.append(f"costs: {c}")
+    d = r.get("dtype_rule", {})
+    lines.append(f"dtype rule for {d.get('parameters', 0) / 1e9:.2f}B parameters: {d.get('reason', d)}")
+    b = r.get("batching", {})
+    if "by_batch" in b:
+        cells = "  ".join(f"b={k}: {v['seconds'] * 1e3:.1f} ms ({v['per_token'] * 1e6:.0f} us/token)"
+                          if "seconds" in v else f"b={k}: {v}" for k, v in b["by_batch"].items())
+        lines.append(f"batching ({b['tree_tokens']}-token trees over {b['cache']} cached): {cells}")
+    for name, v in r.get("parts", {}).items():
+        lines.append(f"{name}: {v}")
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m tr_core.bench.gpu_check", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", default=None, help="'embedded' (default; needs gguf) or a local model folder")
+def main(argv: list[str] | None = None, parts=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m tr_core.bench.gpu_check", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default=None, help="a gpu_prepare folder, a .gguf file, a model folder, or 'embedded'")
+    ap.add_argument("--no-weights", action="store_true", help="only the parts that need no model file")
     ap.add_argument("--device", default=None, help="cuda (default where there is one), cuda:N or cpu")
-    ap.add_argument("--shapes", choices=sorted(SHAPES), default="7b", help="the random model's shapes")
-    ap.add_argument("--prompts", type=int, default=6)
-    ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--shapes", choices=SHAPES, default="7b", help="the random cost model's shapes")
+    ap.add_argument("--prompts", type=int, default=6, help="prompts of the exactness part")
+    ap.add_argument("--tokens", type=int, default=64, help="new tokens of the exactness part")
+    ap.add_argument("--prompts-file", default=None, help="Spec-Bench prompts (default: the prepared folder's)")
+    ap.add_argument("--limit", type=int, default=1, help="timed prompts per category")
+    ap.add_argument("--timed-tokens", type=int, default=96)
+    ap.add_argument("--timed-dtype", default="float32")
     ap.add_argument("--dtypes", default="float32,bfloat16")
+    ap.add_argument("--random-prompts", type=int, default=2)
+    ap.add_argument("--random-tokens", type=int, default=32)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--no-app", action="store_true")
-    ap.add_argument("--json", default="gpu_check.json")
+    ap.add_argument("--no-batching", action="store_true")
+    ap.add_argument("--families", default=None, help="comma-separated families of the no-weights part (default: all)")
+    ap.add_argument("--timed-prompts", type=int, default=None, help="at most this many timed prompts")
+    ap.add_argument("--out", "--json", dest="out", default="gpu_check.json")
     args = ap.parse_args(argv)
+    from ..devices import DeviceError
+    from .gpu_pieces import PiecesError
+
     try:
         report = run_check(args.model, args.device, args.shapes, args.prompts, args.tokens,
-                           [d for d in args.dtypes.split(",") if d], not args.no_app, args.repeats,
-                           json_path=args.json)
-    except torch.OutOfMemoryError as err:
-        print(f"error: out of memory ({err})", file=sys.stderr)
-        return 3
-    except Exception as err:  # a model that cannot load, no such device: in words
-        print(f"error: {type(err).__name__}: {err}", file=sys.stderr)
+                           [d for d in args.dtypes.split(",") if d], args.repeats, args.out, args.no_weights,
+                           args.prompts_file, args.limit, args.timed_tokens, args.timed_dtype, args.random_prompts,
+                           args.random_tokens, not args.no_batching, parts,
+                           families=args.families.split(",") if args.families else None,
+                           timed_prompts=args.timed_prompts)
+    except (PiecesError, DeviceError) as err:
+        print(f"error: {err}", file=sys.stderr)
         return 2
     print(format_report(report))
-    bugs = sum(m["bugs"] for rows in report["exactness"].values() for m in rows.values())
-    fp32 = report["exactness"].get("float32", {})
-    exact = all(m["identical"] == m["prompts"] for m in fp32.values())
-    print(f"\n{'OK' if exact and not bugs else 'FAILED'}: float32 identical: {exact}; bugs: {bugs}; json: {args.json}")
-    return 0 if exact and not bugs else 1
+    if report["environment"]["gguf"] == "missing" and str(report["model"].get("joined", args.model or "")).endswith(".gguf"):
+        print("\nnote: gguf is missing here, and a .gguf model needs it: copy the prepared folder's wheels/ "
+              "(python -m tr_core.bench.gpu_prepare) or pass a model folder")
+    ok, words = verdict(report)
+    print(f"\n{words}; json: {args.out}")
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":
