@@ -139,10 +139,14 @@ class RunFiles:
 def kept_for_reload(sess: Session | None, path: str | None) -> dict | None:
     """What the browser keeps of the tab (``gr.BrowserState``): the prompt and settings of its run, and
     the run file's text when it fits the browser's storage."""
-    if sess is None or sess.started_with is None:
-        return gr.skip() if sess is None or sess.current() is not None else None
-    prompt, settings = sess.started_with
-    kept = {"prompt": prompt, "settings": settings_values(settings), "run": None, "note": ""}
+    view = sess.view() if sess is not None else None
+    if view is None:
+        return None
+    if sess.started_with is not None:
+        prompt, values = sess.started_with[0], settings_values(sess.started_with[1])
+    else:  # a replay, or a run kept after its model went: its own prompt and settings
+        prompt, values = str(view.header.get("prompt", "")), dict(view.header.get("settings") or {})
+    kept = {"prompt": prompt, "settings": values, "run": None, "note": ""}
     if path is not None:
         text = Path(path).read_text()
         if len(text) <= KEEP_CHARS:
