@@ -132,6 +132,7 @@ class Session:
     borrowed_prompt: str | None = None  # a replay's prompt, stepped live while the prompt box is empty
     running: object = None  # the run Run to end steps (its ticks never start another)
     loaded: bool = False  # the matrix came from "Load matrix": the next race drafts from it, whatever the start
+    held: bool = False  # a step that was running when Stop or Pause came is not shown yet: the next Step shows it
 
     # ---- lifecycle -------------------------------------------------------------------------
     def matrix_for(self, lm: LoadedModel, k: int, hot_start: bool, cold: bool = False) -> AdjacencyMatrix:

@@ -25,7 +25,7 @@ def output_html(steps: list[Step], token_text, special: set[int] = frozenset(), 
         parts.append('<details class="model-reads"><summary>What the model reads before its reply: your prompt '
                      'inside its chat template (drafts copied from the context can come from its words)</summary>'
                      f'<pre>{read}</pre></details>')
-    parts.append('<div class="gen-text" role="list">')
+    parts.append('<div class="gen-text"><div role="list">')  # the inner box: scrolled to its end (style.css)
     pos = 0
     for step in steps:
         n = len(step.committed)
@@ -49,5 +49,5 @@ def output_html(steps: list[Step], token_text, special: set[int] = frozenset(), 
             pos += 1
     if not steps:
         parts.append('<span class="placeholder">The generated text appears here.</span>')
-    parts.append("</div>")
+    parts.append("</div></div>")
     return "".join(parts)

@@ -78,3 +78,8 @@ def decode_losslessly(lm, make, prompts, max_new_tokens: int) -> list:
         assert dec.generate(ids) == reference_greedy(lm, ids, max_new_tokens), f"mismatch on {ids}"
         decoders.append(dec)
     return decoders
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "browser: drives the page in a real browser (Debian's chromium)")
+    config.addinivalue_line("markers", "slow: takes minutes on two cores")
