@@ -202,9 +202,11 @@ def _node_trace(fig, step: Step, token_text, pos, kinds, sources, picked, frame:
         sizes.append(size)
         symbols.append(symbol)
         hovers.append(_hover(step, j, token_text, sources, frame))
+    end = step.accepted_path[-1] if frame in (0, 3, 4) and step.committed and step.accepted_path else None
     fig.add_trace(go.Scatter(
         x=[pos[j][0] for j in order], y=[pos[j][1] for j in order], mode="markers+text", text=labels,
-        textposition=["middle right" if per_depth[depths[j]] == 1 else "bottom center" for j in order],  # chains
+        textposition=["middle left" if j == end and j else  # the ★ below right of it: its label beside it
+                      "middle right" if per_depth[depths[j]] == 1 else "bottom center" for j in order],  # chains
         customdata=order,
         textfont=dict(size=[9 if kinds[j] in ("rejected", "miss", "draft", "moot") else 11 for j in order],
                       color=["#9aa1a9" if kinds[j] in ("rejected", "miss", "moot") else "#222" for j in order]),
