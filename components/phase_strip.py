@@ -94,10 +94,9 @@ def _phase_body(step: Step | None, token_text, frame: int = 0) -> str:
 
 
 # what a pair row is (tr_core.pairs), said wherever a phase names them
-PAIR_WORDS = (' <span class="term"><b>Pair rows</b>: matrix rows kept for a token <i>together with the token '
-              'before it</i> (previous, token), so "of the" and "in the" keep apart what follows "the"; where a '
-              'node\'s pair was seen before, its pair row drafts the node\'s children instead of the token\'s '
-              'own row.</span>')
+PAIR_WORDS = (' <span class="term"><b>Pair rows</b>: rows kept for a pair (previous token, token), so "of the" '
+              'and "in the" draft apart; a node whose pair was seen before drafts its children from the pair row, '
+              'else from its token\'s row.</span>')
 
 
 def _one_row_each(step: Step) -> str:

@@ -130,6 +130,9 @@ def tree_figure(step: Step | None, token_text, title: str = "", frame: int = 0, 
                 kinds[i] = "moot"
     spots = _blank_spots(step, pos)
     star = [_star_spot(step, pos)] if frame in (0, 3, 4) and step.committed else []
+    if star and step.accepted_path[-1]:  # the path's end is labelled left of it (clear of the ★): room there
+        x, y = pos[step.accepted_path[-1]]
+        star.append((x - 0.42, y))
     _frame_axes(fig, [*pos.values(), *spots.values(), *star], depths)  # the ∅ leaves and the ★ inside too
     show_path = frame in (0, 3, 4)
     rejected_edges = [(pos[p], pos[i]) for i, p in enumerate(parents) if p >= 0 and (i not in accepted or not show_path)]
@@ -151,7 +154,7 @@ def tree_figure(step: Step | None, token_text, title: str = "", frame: int = 0, 
 def _blank_spots(step: Step, pos: dict) -> dict[int, tuple[float, float]]:
     """Where the ∅ leaf under each node of ``Step.blank_under`` sits: below and left of it; its sign is inside
     its hollow circle, so no label of its own lies over another's."""
-    return {i: (pos[i][0] - 0.08, pos[i][1] - 0.6) for i in step.blank_under if i in pos}
+    return {i: (pos[i][0] - 0.1, pos[i][1] - 0.72) for i in step.blank_under if i in pos}
 
 
 def _blank_leaves(fig: go.Figure, step: Step, token_text, pos: dict, spot: dict) -> None:
