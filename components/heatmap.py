@@ -62,7 +62,7 @@ def heatmap_figure(step: Step | None, token_text, frame: int = 0, picked: list[i
     note = f" · {blank} {'was' if blank == 1 else 'were'} empty" if blank else ""
     # Teach mode before recycling (frames 1-3): the rows as the drafts read them, nothing of the writes to come
     title = (f"The matrix M: the {len(rows)} row{'s' * (len(rows) != 1)} of this step's tree{more}" if before else
-             f"The matrix M: {len(rows)} row{'s' * (len(rows) != 1)} written this step{more}{note}")
+             f"The matrix M: {len(rows)} row{'s' * (len(rows) != 1)} written{more or ' this step'}{note}")
     titled(fig, title, BEFORE if before else AFTER)
     fig.update_layout(yaxis=dict(tickmode="array", tickvals=list(range(len(shown))), ticktext=ylabels,
                                  autorange="reversed", tickfont=dict(size=10)), xaxis=dict(side="top", title=None))
