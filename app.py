@@ -73,7 +73,7 @@ def build_app(hub: ModelHub, cap: int = 256, default_tokens: int = PAGE_TOKENS, 
 
 
 def step_tab(hub: ModelHub, cap: int, default_tokens: int) -> dict:
-    """The step-by-step view: control bar, history, phase strip, tree | matrix | counters, text and charts."""
+    """The step-by-step view: control bar, history, phase strip, tree | matrix | text and counters, charts."""
     ui: dict = {}
     examples = json.loads((ASSETS / "examples.json").read_text())
     with gr.Row(elem_id="control-bar", equal_height=False):
@@ -108,8 +108,10 @@ def step_tab(hub: ModelHub, cap: int, default_tokens: int) -> dict:
         ui["save"] = gr.DownloadButton("Save run", elem_id="save-run", size="sm", interactive=False, min_width=90)
     ui["status"] = gr.Markdown(elem_id="status")
     ui["phases"] = gr.HTML(elem_id="phases")
+    # the first screen (1280x800): tree | matrix | the text being generated over the counters; a phone
+    # (style.css) lifts the text right under the controls
     with gr.Row(elem_id="views", equal_height=False):
-        with gr.Column(scale=5, min_width=300):
+        with gr.Column(scale=5, min_width=300, elem_id="tree-col"):
             with gr.Tabs():
                 with gr.Tab("Verified tree"):
                     ui["tree"] = gr.Plot(elem_id="tree-plot", show_label=False)
@@ -117,16 +119,14 @@ def step_tab(hub: ModelHub, cap: int, default_tokens: int) -> dict:
                     ui["acceptance"] = gr.Plot(elem_id="acceptance-map", show_label=False)
                 with gr.Tab("PTD draft tree", elem_id="draft-tab"):
                     ui["draft"] = gr.Plot(elem_id="draft-plot", show_label=False)
-        with gr.Column(scale=4, min_width=280):
+        with gr.Column(scale=4, min_width=280, elem_id="matrix-col"):
             ui["heatmap"] = gr.Plot(elem_id="matrix-heatmap", show_label=False)
-        with gr.Column(scale=3, min_width=240):
+        with gr.Column(scale=3, min_width=240, elem_id="side-col"):
+            ui["text"] = gr.HTML(elem_id="output-text")
             ui["counters"] = gr.HTML(elem_id="counters")
             ui["settings"] = settings_panel(hub, cap, default_tokens)
-    with gr.Row(elem_id="text-row"):
-        with gr.Column(scale=3):
-            ui["text"] = gr.HTML(elem_id="output-text")
-        with gr.Column(scale=2):
-            ui["charts"] = gr.Plot(elem_id="charts", show_label=False)
+    with gr.Row(elem_id="text-row"):  # the charts, below the first screen
+        ui["charts"] = gr.Plot(elem_id="charts", show_label=False)
     ui["alt"] = gr.HTML(elem_id="plot-alt")
     ui["node_pick"] = gr.Textbox(visible="hidden", elem_id="node-pick")
     ui["token_pick"] = gr.Textbox(visible="hidden", elem_id="token-pick")
@@ -145,7 +145,9 @@ def settings_panel(hub: ModelHub, cap: int, default_tokens: int) -> dict:
                                  elem_id="model-field")
         s["tree"] = gr.Dropdown(["auto", *list_presets(), "chain-4"], value=DEFAULT_TREE,
                                 allow_custom_value=True, elem_id="tree-field",
-                                label="Draft tree (a preset, chain-N, or JSON rank paths like [[0],[1],[0,0]])")
+                                label="Draft tree (a preset, chain-N, or JSON rank paths like [[0],[1],[0,0]])",
+                                info="A rank path is a node's ranks from the root: [0] is the root's 1st candidate, "
+                                     "[1] its 2nd, [0,1] the 2nd candidate under the 1st. List a node's parent too.")
         s["k"] = gr.Slider(1, 8, value=8, step=1, label="k (candidates per matrix row)")
         s["max_new"] = gr.Number(min(default_tokens, cap), precision=0, label=f"Max new tokens (1-{cap})",
                                  elem_id="max-new")  # not a slider: a value out of range gets words, not a clamp

@@ -80,7 +80,7 @@ def charts_figure(accepted_lengths: list[int], speedups: list[float], max_len: i
                              line=dict(color="#1f4e99"), hovertemplate="step %{x}: %{y:.2f}×<extra></extra>"),
                   row=1, col=2)
     fig.add_hline(y=1.0, line=dict(color="#999", dash="dot", width=1), row=1, col=2)
-    fig.update_layout(height=250, margin=dict(l=10, r=10, t=30, b=10), showlegend=False, plot_bgcolor="white",
+    fig.update_layout(height=250, margin=dict(l=10, r=10, t=42, b=10), showlegend=False, plot_bgcolor="white",
                       uirevision="charts")
     fig.update_xaxes(dtick=1 if max_len <= 12 else (2 if max_len <= 24 else 5), title_text="tokens committed in one step",
                      row=1, col=1)  # ticks a reader can tell apart on a long lookahead
@@ -89,5 +89,5 @@ def charts_figure(accepted_lengths: list[int], speedups: list[float], max_len: i
     fig.update_yaxes(title_text="speedup over greedy (×)", row=1, col=2)
     fig.update_xaxes(title_font_size=11)
     fig.update_yaxes(title_font_size=11)
-    fig.update_annotations(font_size=12)
+    fig.update_annotations(font_size=12, yshift=10)  # a title clear of its plot's top line, on a phone too
     return fig

@@ -25,6 +25,7 @@ from .zerogpu import gpu_task
 IDLE_SECONDS = 300  # a tab idle this long gives its KV caches back (rebuilt when it steps again)
 LONG_PROMPT = 2000  # characters: a prompt this long says that its first step reads it first
 RESET_WAIT = 30.0  # Reset waits at most this long for the tab's step in flight to end
+TOAST_S = 4  # seconds a warning's pop-up stays; warnings never pile up over the controls
 
 
 def error_text(err: BaseException, header: dict | None = None) -> str:
@@ -158,7 +159,7 @@ class Handlers:
         if isinstance(err, torch.OutOfMemoryError):
             release_freed_memory()
             release_device_memory()
-        gr.Warning(text.removeprefix("⚠️ "))
+        gr.Warning(text.removeprefix("⚠️ "), duration=TOAST_S)  # brief: the status line keeps the words
         return self.render(sess, text)
 
     # ---- model work -------------------------------------------------------------------------
@@ -168,6 +169,8 @@ class Handlers:
         sess = self.session(sess, request)
         if sess.replay is not None:  # an opened run: its next recorded step
             sess.replay_next(teach)
+            return self.render(sess)
+        if self.show_held(sess, teach):
             return self.render(sess)
         try:
             s = make_settings(*rest)
@@ -211,7 +214,7 @@ class Handlers:
         out = self.step(request, prompt, *rest, False, sess)
         sess = out[0]
         sess.running = sess.stepping()  # the ticks step this run (or replay), whatever the fields say meanwhile
-        going = sess.in_progress and not out[-1].startswith("⚠️")
+        going = sess.in_progress and not out[-1].startswith("⚠️") and not sess.stop
         return (*out, gr.Timer(active=going), *ui_running(going))
 
     def run_tick(self, request: gr.Request, prompt, *args):
@@ -222,11 +225,12 @@ class Handlers:
             sess.running = None  # the run is over: its race (and model) is no longer held here
             message = "Stopped: Step or Run to end go on from here." if sess.stop and sess.in_progress else ""
             return (*self.render(sess, message), gr.Timer(active=False), *ui_running(False))
+        shown = self.shown_now(sess)
         try:
             with sess.working():
                 sess.last_active = time.monotonic()
                 sess.next_step(run)  # this run, even if the prompt or a setting was edited meanwhile
-            out = self.render(sess)
+            out = self.render(sess, self.hold(sess, shown, "Stopped"))
         except Exception as err:
             out = self.failed(sess, err)
         if sess.in_progress and sess.stepping() is run and not out[-1].startswith("⚠️") and not sess.stop:
@@ -263,8 +267,12 @@ class Handlers:
         *rest, teach, sess = args
         if sess is not None and sess.stop:  # a tick queued behind Stop or Reset draws nothing new
             return (*self.render(sess), gr.Timer(active=False), gr.Button(value="▶ Play"))
+        shown = self.shown_now(sess)
         out = self.next_frame(request, prompt, *args) if teach else self.step(request, prompt, *args)
         sess = out[0]
+        if sess.stop:  # Pause, Stop or Reset came while this step ran: it is not drawn (Step shows it)
+            said = self.hold(sess, shown, "Paused")
+            return (*self.render(sess, said), gr.Timer(active=False), gr.Button(value="▶ Play"))
         if sess.in_progress and not out[-1].startswith("⚠️"):
             return (*out, gr.skip(), gr.skip())
         if teach and sess.stepping() is not None and sess.frame < 4:
@@ -317,6 +325,37 @@ class Handlers:
         else:
             sess.frame = 1
         return self.render(sess)
+
+    @staticmethod
+    def shown_now(sess: Session | None) -> tuple[int, int]:
+        """(steps in the run, the step shown) before a tick's step: what :meth:`hold` goes back to."""
+        view = sess.view() if sess is not None else None
+        return (len(view.steps), view.clamp(sess.shown)) if view is not None else (0, 0)
+
+    @staticmethod
+    def hold(sess: Session, before: tuple[int, int], what: str) -> str:
+        """A step that ended after Stop or Pause: the panels stay on the step shown when it was pressed;
+        the step is kept, in the history, and the next Step shows it.  The status line's words ("" where
+        there is nothing to hold back)."""
+        view = sess.view()
+        count, shown = before
+        if not sess.stop or view is None or not count or len(view.steps) <= count or sess.replay is not None:
+            return ""
+        sess.shown, sess.held, sess.picked = shown, True, None
+        if sess.frame:
+            sess.frame = 4  # Teach mode: the whole of the step shown
+        return (f"{what} at step {shown}. Step {count + 1}, already running, is kept in the history; "
+                "Step shows it.")
+
+    @staticmethod
+    def show_held(sess: Session, teach: bool) -> bool:
+        """Step after Stop or Pause: the step held back then is shown first (no model work)."""
+        held, sess.held = sess.held, False
+        view = sess.view() if held else None
+        if view is None or view.clamp(sess.shown) >= len(view.steps):
+            return False
+        sess.shown, sess.frame, sess.picked = view.clamp(sess.shown) + 1, 1 if teach else 0, None
+        return True
 
     def stop(self, sess: Session | None):
         if sess is not None:

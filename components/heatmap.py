@@ -13,11 +13,12 @@ CELL_CHARS = 6  # a cell's token, shortened to fit a phone's 8 columns (its hove
 # 0 = same token at the same rank, 1 = moved from another rank, 2 = new to the row, 3 = empty (never written)
 SCALE = [[0.0, "#eef1f4"], [0.24, "#eef1f4"], [0.25, "#ffe08a"], [0.49, "#ffe08a"], [0.5, "#f08a4b"],
          [0.74, "#f08a4b"], [0.75, "#ffffff"], [1.0, "#ffffff"]]
-ROWS = "each row: a token (·id) and its k likeliest next tokens<br>▶ on the accepted path · "  # lines for a phone
+ROWS = ("each row: a token ·its id (its vocabulary number)<br>and its k likeliest next tokens · "
+        "▶ the accepted path<br>")  # lines for a phone
 AFTER = (f"{ROWS}<b>after</b> this step's writes<br>against the row before: <span style='color:#999'>"
          "■</span> unchanged <span style='color:#e0b000'>■</span> other rank <span style='color:#f08a4b'>"
-         "■</span> new<br>∅ never written · ␣ space · ↵ new line")
-BEFORE = f"{ROWS}<b>before</b> this step's writes<br>what the drafts were read from<br>∅ never written · ␣ space · ↵ new line"
+         "■</span> new<br>∅ never written: no prediction · ␣ space · ↵ new line")
+BEFORE = f"{ROWS}<b>before</b> this step's writes<br>what the drafts were read from<br>∅ never written: no prediction · ␣ space · ↵ new line"
 EMPTY_START = "Each step writes the rows of every token<br>it ran through the model (the recycling)."
 
 
@@ -59,8 +60,9 @@ def heatmap_figure(step: Step | None, token_text, frame: int = 0, picked: list[i
     more = f" (+{len(rows) - len(shown)} more)" if len(rows) > len(shown) else ""
     blank = sum(1 for r in step.rows_written if not any(r.old))
     note = f" · {blank} {'was' if blank == 1 else 'were'} empty" if blank else ""
-    title = (f"The matrix M: the {len(rows)} row{'s' * (len(rows) != 1)} of this step's tree{more}" if guessing else
-             f"The matrix M: {len(rows)} row{'s' * (len(rows) != 1)} written this step{more}{note}")
+    # Teach mode before recycling (frames 1-3): the rows as the drafts read them, nothing of the writes to come
+    title = (f"The matrix M: the {len(rows)} row{'s' * (len(rows) != 1)} of this step's tree{more}" if before else
+             f"The matrix M: {len(rows)} row{'s' * (len(rows) != 1)} written{more or ' this step'}{note}")
     titled(fig, title, BEFORE if before else AFTER)
     fig.update_layout(yaxis=dict(tickmode="array", tickvals=list(range(len(shown))), ticktext=ylabels,
                                  autorange="reversed", tickfont=dict(size=10)), xaxis=dict(side="top", title=None))
@@ -90,6 +92,7 @@ def _row_cells(r: RowUpdate, token_text, before: bool):
             zr.append(2 if empty_before else (0 if o == n else (1 if n in r.old else 2)))
             tr_.append(visible(token_text(n), CELL_CHARS))
         was = "∅ (never written)" if empty_before else f"{visible(token_text(o), 20)} ({o})"
-        hr.append(f"row {visible(token_text(r.token), 20)} (id {r.token}), rank {j}<br>"
-                  f"{was} → {visible(token_text(n), 20)} ({n})")
+        head = f"row {visible(token_text(r.token), 20)} (id {r.token}), rank {j}<br>"
+        # before the writes (Teach mode's frames 1-3) the hover tells what the cell holds, not what it will
+        hr.append(head + (was if before else f"{was} → {visible(token_text(n), 20)} ({n})"))
     return zr, tr_, hr

@@ -101,6 +101,7 @@ def text_alternative(view: RunView, n: int, frame: int = 0) -> str:
     fig = view.figures(n) or {"speedup": 0.0}
     words = [f"Step {n} of {len(view.steps)}. Draft tree: {t.size} draft nodes; accepted drafts: {path}; "
              f"the model's own token: {own}; committed {len(step.committed)} tokens.",
+             "" if frame == 3 else  # the writes are phase 4's
              f"Matrix: {len(step.rows_written)} row{'s' * (len(step.rows_written) != 1)} written.",
              f"Speedup after step {n}: {fig['speedup']:.2f}x.", acceptance_words(view.steps, n)]
-    return "<div class='sr-only' role='note'>" + " ".join(html.escape(w) for w in words) + "</div>"
+    return "<div class='sr-only' role='note'>" + " ".join(html.escape(w) for w in words if w) + "</div>"

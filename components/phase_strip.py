@@ -36,7 +36,8 @@ def _with_frame(body: str, frame: int, step: Step | None) -> str:
         hit = hit_words(step) if frame in (0, 3, 4) else ""  # Teach mode: not before the accept frame
         why = MISSED if hit else EARLY if _early(step) else LATER  # a hit: no "early" words, one line in all
         last = "<b>Last phase of this step:</b> Phase ▶ goes on to the next step. " if frame == 4 else ""
-        body += f'<div class="ph-note">{last}{hit}{why}</div>'
+        pairs = PAIR_WORDS if "pair" in (step.tree.sources or []) else ""  # where a phase names them
+        body += f'<div class="ph-note">{last}{hit}{why}{pairs}</div>'
     return f'<div class="phases-wrap" role="region" aria-label="What this step did">{body}</div>'
 
 
@@ -86,10 +87,25 @@ def _phase_body(step: Step | None, token_text, frame: int = 0) -> str:
                    f"{len(step.committed) - min(acc, len(step.committed))} of its own)."),
         ("recycle", f"The candidates the model produced at all {step.forward_tokens} positions, accepted or not, "
                     f"were written into {len(step.rows_written)} matrix row{'s' * (len(step.rows_written) != 1)}"
-                    f"{' and pair rows' if paired else ''}"
+                    f"{_one_row_each(step)}{' and into pair rows' if paired else ''}"
                     f" ({ms.get('update', 0):.1f} ms)."),
     ]
     return _cells(cells, frame)
+
+
+# what a pair row is (tr_core.pairs), said wherever a phase names them
+PAIR_WORDS = (' <span class="term"><b>Pair rows</b>: rows kept for a pair (previous token, token), so "of the" '
+              'and "in the" draft apart; a node whose pair was seen before drafts its children from the pair row, '
+              'else from its token\'s row.</span>')
+
+
+def _one_row_each(step: Step) -> str:
+    """Why fewer rows than positions: one row per distinct token (a token at two positions writes one row)."""
+    rows = len(step.rows_written)
+    if step.forward_tokens <= rows:
+        return ""
+    return (f", one per distinct token (the {step.forward_tokens} positions held {rows} different tokens: "
+            "a token at several positions writes one row)")
 
 
 def _blank(step: Step) -> str:

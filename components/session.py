@@ -160,6 +160,7 @@ class Session:
     loaded: bool = False  # the matrix came from "Load matrix": the next race drafts from it, whatever the start
     playing: bool = False  # Play's timer is on
     kept: RunView | None = None  # the run shown, detached from its model: it stays while a new one cannot start
+    held: bool = False  # a step that was running when Stop or Pause came is not shown yet: the next Step shows it
 
     # ---- lifecycle -------------------------------------------------------------------------
     def matrix_for(self, lm: LoadedModel, k: int, hot_start: bool, cold: bool = False) -> AdjacencyMatrix:

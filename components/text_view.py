@@ -9,9 +9,9 @@ from .tokens import html_text
 
 LEGEND = ('<span class="tok tok-draft">accepted draft</span> '
           '<span class="tok tok-own">model\'s own token</span> '
-          '<span class="tok tok-end">end</span> a special token (end of turn) · '
+          '<span class="tok tok-end">end</span> end of turn · '
           '<span class="tok tok-now">this step</span> <span class="tok tok-later">later steps</span> · '
-          'click a token to open the step that committed it')
+          'click a token: its step')
 
 
 def output_html(steps: list[Step], token_text, special: set[int] = frozenset(), current: int | None = None,
@@ -22,10 +22,10 @@ def output_html(steps: list[Step], token_text, special: set[int] = frozenset(), 
     parts = [f'<div class="legend">{LEGEND}</div>']
     if prompt_ids:
         read = html.escape("".join(token_text(t) for t in prompt_ids))
-        parts.append('<details class="model-reads"><summary>What the model reads before its reply: your prompt '
-                     'inside its chat template (drafts copied from the context can come from its words)</summary>'
+        parts.append('<details class="model-reads"><summary>What the model reads: your prompt in its chat '
+                     'template</summary><p>Drafts copied from the context can come from its words.</p>'
                      f'<pre>{read}</pre></details>')
-    parts.append('<div class="gen-text" role="list">')
+    parts.append('<div class="gen-text"><div role="list">')  # the inner box: scrolled to its end (style.css)
     pos = 0
     for step in steps:
         n = len(step.committed)
@@ -49,5 +49,5 @@ def output_html(steps: list[Step], token_text, special: set[int] = frozenset(), 
             pos += 1
     if not steps:
         parts.append('<span class="placeholder">The generated text appears here.</span>')
-    parts.append("</div>")
+    parts.append("</div></div>")
     return "".join(parts)

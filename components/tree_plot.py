@@ -129,7 +129,11 @@ def tree_figure(step: Step | None, token_text, title: str = "", frame: int = 0, 
             if kinds[parents[i]] in ("miss", "moot"):
                 kinds[i] = "moot"
     spots = _blank_spots(step, pos)
-    _frame_axes(fig, [*pos.values(), *spots.values()], depths)  # the ∅ leaves inside the plot too
+    star = [_star_spot(step, pos)] if frame in (0, 3, 4) and step.committed else []
+    if star and step.accepted_path[-1]:  # the path's end is labelled left of it (clear of the ★): room there
+        x, y = pos[step.accepted_path[-1]]
+        star.append((x - 0.42, y))
+    _frame_axes(fig, [*pos.values(), *spots.values(), *star], depths)  # the ∅ leaves and the ★ inside too
     show_path = frame in (0, 3, 4)
     rejected_edges = [(pos[p], pos[i]) for i, p in enumerate(parents) if p >= 0 and (i not in accepted or not show_path)]
     fig.add_trace(edge_trace(rejected_edges, "#dde1e6", 1))
@@ -148,8 +152,9 @@ def tree_figure(step: Step | None, token_text, title: str = "", frame: int = 0, 
 
 
 def _blank_spots(step: Step, pos: dict) -> dict[int, tuple[float, float]]:
-    """Where the ∅ leaf under each node of ``Step.blank_under`` sits: below and left of it, clear of its label."""
-    return {i: (pos[i][0] - 0.08, pos[i][1] - 0.6) for i in step.blank_under if i in pos}
+    """Where the ∅ leaf under each node of ``Step.blank_under`` sits: below and left of it; its sign is inside
+    its hollow circle, so no label of its own lies over another's."""
+    return {i: (pos[i][0] - 0.1, pos[i][1] - 0.72) for i in step.blank_under if i in pos}
 
 
 def _blank_leaves(fig: go.Figure, step: Step, token_text, pos: dict, spot: dict) -> None:
@@ -161,8 +166,8 @@ def _blank_leaves(fig: go.Figure, step: Step, token_text, pos: dict, spot: dict)
     fig.add_trace(edge_trace([(pos[i], spot[i]) for i in under], EMPTY_COLOR, 1, "dot"))
     fig.add_trace(go.Scatter(
         name="left out", x=[spot[i][0] for i in under], y=[spot[i][1] for i in under], mode="markers+text",
-        text=["∅"] * len(under), textposition="middle left", textfont=dict(size=12, color=EMPTY_COLOR),
-        marker=dict(size=14, symbol="circle-open", color=EMPTY_COLOR, line_width=1.5),
+        text=["∅"] * len(under), textposition="middle center", textfont=dict(size=10, color=EMPTY_COLOR),
+        marker=dict(size=17, symbol="circle-open", color=EMPTY_COLOR, line_width=1.5), cliponaxis=False,
         hovertext=[f"<b>∅ left out</b> under {visible(token_text(step.tree.tokens[i]), 30)}<br>its matrix row was "
                    "never written, so the tree's places below it would be blank drafts (the row's zeros, not "
                    "predictions):<br>they are left out: no forward tokens, and nothing drafted under them"
@@ -170,12 +175,15 @@ def _blank_leaves(fig: go.Figure, step: Step, token_text, pos: dict, spot: dict)
 
 
 def _frame_axes(fig: go.Figure, points: list[tuple[float, float]], depths: list[int]) -> None:
-    """Room for every point's label and the bonus star; at least three rows tall, so a tiny tree stays compact."""
+    """Room for every point and its label (the bonus star and the ∅ leaves among them): the lowest point
+    sits at least 0.4 rows above the frame's bottom, whatever the depth of the accepted path's end; at least
+    three rows tall, so a tiny tree stays compact."""
     xs = [x for x, _ in points]
     mid, half = (max(xs) + min(xs)) / 2, max((max(xs) - min(xs)) / 2 + 0.12, 0.6)
     deepest = max(depths) if depths else 0
+    lowest = min(y for _, y in points)
     fig.update_xaxes(range=[mid - half, mid + half + 0.2])  # + the bonus star and its label, right of a node
-    fig.update_yaxes(range=[-max(deepest + 1.0, 2.5), 0.45])
+    fig.update_yaxes(range=[min(-max(deepest + 1.0, 2.5), lowest - 0.4), 0.45])
 
 
 def _node_trace(fig, step: Step, token_text, pos, kinds, sources, picked, frame: int = 0) -> None:
@@ -197,9 +205,11 @@ def _node_trace(fig, step: Step, token_text, pos, kinds, sources, picked, frame:
         sizes.append(size)
         symbols.append(symbol)
         hovers.append(_hover(step, j, token_text, sources, frame))
+    end = step.accepted_path[-1] if frame in (0, 3, 4) and step.committed and step.accepted_path else None
     fig.add_trace(go.Scatter(
         x=[pos[j][0] for j in order], y=[pos[j][1] for j in order], mode="markers+text", text=labels,
-        textposition=["middle right" if per_depth[depths[j]] == 1 else "bottom center" for j in order],  # chains
+        textposition=["middle left" if j == end and j else  # the ★ below right of it: its label beside it
+                      "middle right" if per_depth[depths[j]] == 1 else "bottom center" for j in order],  # chains
         customdata=order,
         textfont=dict(size=[9 if kinds[j] in ("rejected", "miss", "draft", "moot") else 11 for j in order],
                       color=["#9aa1a9" if kinds[j] in ("rejected", "miss", "moot") else "#222" for j in order]),
@@ -237,17 +247,39 @@ def _hover(step: Step, i: int, token_text, sources, frame: int = 0) -> str:
             "<br>click: show its matrix rows")
 
 
+def _star_spot(step: Step, pos: dict) -> tuple[float, float]:
+    """Where the ★ of the model's own token sits: below and right of the accepted path's end, clear of
+    that node's own label (under it) and of its children's row."""
+    x, y = pos[step.accepted_path[-1]]
+    return x + 0.09, y - 0.62
+
+
 def _bonus_trace(fig, step: Step, token_text, pos, depths) -> None:
+    """The ★ of the model's own token, on a dotted edge from the accepted path's end; its label is a
+    boxed note on the side with fewer nodes near it, drawn over whatever grey label lies beneath."""
     last = step.accepted_path[-1]
-    star = (pos[last][0] + 0.09, pos[last][1] - 0.62)  # below and right: clear of the node's own label
+    star = _star_spot(step, pos)
     fig.add_trace(edge_trace([(pos[last], star)], COLORS["bonus"], 3, "dot"))
     bonus = step.model_choices[last]
     fig.add_trace(go.Scatter(
-        x=[star[0]], y=[star[1]], mode="markers+text", text=[visible(token_text(bonus), 10)],
-        textposition="middle right", marker=dict(size=18, symbol="star", color=COLORS["bonus"]),
+        name="model's own", x=[star[0]], y=[star[1]], mode="markers", cliponaxis=False,
+        marker=dict(size=18, symbol="star", color=COLORS["bonus"]),
         hovertext=[f"<b>bonus</b> {visible(token_text(bonus), 30)} (id {bonus})<br>the model's own next "
                    f"token after the accepted path" + (" (sampled; no child matched it)" if step.sampled else "")],
         hoverinfo="text"))
+    near = [x for x, y in pos.values() if star[1] - 0.7 < y < star[1] + 0.7]  # the rows above and below
+    right = sum(1 for x in near if star[0] < x < star[0] + 0.45)
+    left = sum(1 for x in near if star[0] - 0.45 < x < star[0])
+    side = "left" if left < right or star[0] > 0.75 else "right"  # the right edge has no room for a label
+    fig.add_annotation(x=star[0], y=star[1], text=f"★ {html_label(visible(token_text(bonus), 10))}",
+                       showarrow=False, xanchor="right" if side == "left" else "left",
+                       xshift=-11 if side == "left" else 11, font=dict(size=11, color="#6b4e00"),
+                       bgcolor="rgba(255,255,255,0.92)", bordercolor=COLORS["bonus"], borderwidth=1, borderpad=1)
+
+
+def html_label(text: str) -> str:
+    """A token's text for an annotation (Plotly reads annotation text as HTML)."""
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
 DRAFT_LEGEND = ("<span style='color:#1f4e99'>●</span> root · <span style='color:#7f8c9a'>●</span> kept from earlier "

@@ -25,7 +25,8 @@ def test_steps_render_every_panel(hub):
     for _ in range(3):
         sess.step(hub, PROMPT, settings(), cap=256)
     tree_fig, draft_fig, heat_fig, text, counters, charts, phases, acc_map, alt = sess.views()
-    nodes = [t for t in tree_fig.data if t.mode == "markers+text" and t.name != "left out"]  # not the ∅ leaves
+    nodes = [t for t in tree_fig.data if (t.mode == "markers+text" or t.name == "model's own")
+             and t.name != "left out"]  # not the ∅ leaves
     step = sess.race.decoder.steps[-1]
     assert step.tree.size + step.blank_drafts >= 80  # the paper tree (blank drafts left out), plus any lookup
     assert sum(len(t.x) for t in nodes) == step.tree.size + 2  # + the root and the bonus token

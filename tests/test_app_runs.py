@@ -210,3 +210,36 @@ def test_record_run_on_the_tiny_model(tiny_lm):
     assert run.outputs["method"] == run.outputs["baseline"] and len(run.baseline) == len(run.steps)
     back = read_run(json.dumps(run.to_dict()))
     assert [s.committed for s in back.steps] == [s.committed for s in run.steps]
+
+
+def test_a_step_that_ends_after_pause_or_stop_is_not_drawn(hub):  # noqa: F811
+    """Pause (Play's tick) and Stop (Run to end's tick) while a step runs: the panels stay on the step shown
+    when it was pressed; the step is kept in the history, and Step shows it without running the model."""
+    from tr_core.models import EMBEDDED_LABEL
+
+    h = Handlers(hub, 256)
+    args = [EMBEDDED_LABEL, "paper-80", 8, 24, True, False, "Token Recycling (TR)", 0.0, 1.0, 0, "hot"]
+    sess = h.step(None, PROMPT, *args, False, None)[0]
+    advance = h.advance
+
+    def pressed_meanwhile(s, prompt, settings_):  # the step runs, and Pause comes before it ends
+        advance(s, prompt, settings_)
+        s.stop = True
+    h.advance = pressed_meanwhile
+    out = h.tick(None, PROMPT, *args, False, sess)
+    assert len(sess.view().steps) == 2 and sess.shown == 1 and "step 1 of 2" in out[-4].label
+    assert "Step 1:" in out[1].layout.title.text and "Paused at step 1" in out[-3]
+    assert out[-2].active is False  # Play's timer stops
+    h.advance = advance
+    out = h.step(None, PROMPT, *args, False, sess)  # Step shows the step kept back, no model work
+    assert len(sess.view().steps) == 2 and "Step 2:" in out[1].layout.title.text
+    # Run to end: Stop while a tick's step runs
+    sess.stop, sess.running = False, sess.current()
+    step_of = sess.next_step
+
+    def stopped_meanwhile(run):
+        step_of(run)
+        sess.stop = True
+    sess.next_step = stopped_meanwhile
+    out = h.run_tick(None, PROMPT, *args, False, sess)
+    assert len(sess.view().steps) == 3 and "Step 2:" in out[1].layout.title.text and "Stopped at step 2" in out[-6]

@@ -1,0 +1,124 @@
+"""The page's layout in a real browser (Debian's chromium via Playwright): the answer in view at 1280x800
+and on a phone, finger-sized buttons, and Teach mode's accept frame telling nothing of the recycling.
+One app server for the module, few steps, few tokens."""
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from .test_app import free_port, hub  # noqa: F401  (fixtures)
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+
+PROMPT = "Why do cats purr? Explain briefly."
+ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+        "--no-first-run"]
+BUTTONS = ("#step", "#play", "#run", "#reset", "#phase-prev", "#phase-next")
+
+
+@pytest.fixture(scope="module")
+def small_app(hub):  # noqa: F811
+    from app import build_app, serve
+
+    demo = build_app(hub, default_tokens=24)
+    port = free_port()
+    serve(demo, "127.0.0.1", port, prevent_thread_lock=True, quiet=True)
+    yield f"http://127.0.0.1:{port}/"
+    demo.close()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    chromium = shutil.which("chromium")
+    if chromium is None:
+        pytest.skip("Debian's chromium is not installed (.ci/run installs it)")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=chromium, args=ARGS)
+        yield b
+        b.close()
+
+
+def open_page(browser, url, width, height):
+    from playwright.sync_api import expect
+
+    page = browser.new_page(viewport={"width": width, "height": height})
+    page.goto(url)
+    expect(page.locator("#status")).to_contain_text("Ready", timeout=300_000)
+    page.locator("#prompt textarea").fill(PROMPT)
+    return page
+
+
+def steps(page, n: int) -> None:
+    from playwright.sync_api import expect
+
+    for _ in range(n):
+        before = page.locator("#history").inner_text()
+        page.locator("#step").click()
+        expect(page.locator("#history")).not_to_have_text(before, timeout=120_000)
+        expect(page.locator(".pending")).to_have_count(0, timeout=60_000)
+
+
+def box(page, selector: str) -> dict:
+    return page.locator(selector).first.bounding_box()
+
+
+def test_the_answer_is_on_the_first_screen_at_1280x800(browser, small_app):
+    """After 5 steps the generated text is in the viewport, whole, with the tree and the counters."""
+    page = open_page(browser, small_app, 1280, 800)
+    try:
+        steps(page, 5)
+        page.evaluate("window.scrollTo(0, 0)")
+        page.wait_for_timeout(300)
+        assert page.locator("#output-text .tok").count() >= 5
+        text = box(page, "#output-text .gen-text")
+        assert text["y"] >= 0 and text["y"] + text["height"] <= 800, text
+        newest = box(page, "#output-text .tok >> nth=-1")  # the newest token, not scrolled away
+        assert 0 <= newest["y"] and newest["y"] + newest["height"] <= 800, newest
+        tree = box(page, "#tree-plot .js-plotly-plot")
+        assert tree["y"] + tree["height"] / 2 < 800, tree  # the tree on the first screen too, most of it
+        speedup = box(page, "#counters tr.speedup")
+        assert speedup["y"] + speedup["height"] <= 800, speedup  # and the counters down to the speedup
+    finally:
+        page.close()
+
+
+def test_teach_mode_at_accept_tells_nothing_of_recycling(browser, small_app):
+    """Phase 3 (accept): the matrix heading names no writes; phase 4 (recycle) does."""
+    from playwright.sync_api import expect
+
+    page = open_page(browser, small_app, 1280, 800)
+    try:
+        page.locator("#teach input").check()
+        steps(page, 1)
+        heading = page.locator("#matrix-heatmap .gtitle")
+        phases = page.locator("#phases")
+        for frame in (2, 3):
+            page.locator("#phase-next").click()
+            expect(phases.locator(".ph-now")).to_contain_text(f"{frame}.", timeout=30_000)
+            text = heading.text_content()  # an SVG text: no inner_text
+            assert "written" not in text and "empty" not in text, (frame, text)
+            assert "before" in page.locator("#matrix-heatmap").inner_text()
+            assert "written into" not in phases.inner_text()  # the recycle card is still hidden
+        page.locator("#phase-next").click()
+        expect(heading).to_contain_text("written", timeout=30_000)
+    finally:
+        page.close()
+
+
+def test_on_a_phone_the_text_follows_the_controls_and_buttons_fit_a_finger(browser, small_app):
+    page = open_page(browser, small_app, 390, 844)
+    try:
+        steps(page, 2)
+        controls = box(page, "#control-bar")
+        text = box(page, "#output-text")
+        assert text["y"] >= controls["y"] + controls["height"] - 1
+        for later in ("#tree-plot", "#matrix-heatmap", "#counters", "#history-bar"):
+            assert box(page, later)["y"] > text["y"], later
+        assert page.locator("#output-text .tok").count() >= 2
+        short = {b: box(page, b)["height"] for b in BUTTONS if box(page, b)["height"] < 44}
+        assert not short, short
+    finally:
+        page.close()
