@@ -3,22 +3,19 @@ and on a phone, finger-sized buttons, and Teach mode's accept frame telling noth
 One app server for the module, few steps, few tokens."""
 from __future__ import annotations
 
-import shutil
 
 import pytest
 
-from .test_app import free_port, hub  # noqa: F401  (fixtures)
+from .conftest import free_port
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 PROMPT = "Why do cats purr? Explain briefly."
-ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-        "--no-first-run"]
 BUTTONS = ("#step", "#play", "#run", "#reset", "#phase-prev", "#phase-next")
 
 
 @pytest.fixture(scope="module")
-def small_app(hub):  # noqa: F811
+def small_app(hub):
     from app import build_app, serve
 
     demo = build_app(hub, default_tokens=24)
@@ -27,18 +24,6 @@ def small_app(hub):  # noqa: F811
     yield f"http://127.0.0.1:{port}/"
     demo.close()
 
-
-@pytest.fixture(scope="module")
-def browser():
-    chromium = shutil.which("chromium")
-    if chromium is None:
-        pytest.skip("Debian's chromium is not installed (.ci/run installs it)")
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=chromium, args=ARGS)
-        yield b
-        b.close()
 
 
 def open_page(browser, url, width, height):
