@@ -40,6 +40,7 @@ class CompareRun:
     decoder: Decoder | None = None  # the method running now (``makers[len(rows)]``)
     tokens: list[int] = field(default_factory=lambda: [0])
     seconds: list[float] = field(default_factory=lambda: [0.0])
+    cancelled: bool = False  # Cancel pressed: the next tick stops, whatever one in flight asks for
 
     @classmethod
     def start(cls, lm, prompt: str, max_new_tokens: int) -> "CompareRun":
@@ -204,8 +205,8 @@ class CompareSteps:
         import gradio as gr
 
         from tr_core.devices import oom_message
-        if run is None or run.done:
-            return (run, gr.skip(), gr.skip(), *self.controls(False))
+        if run is None or run.done or run.cancelled:
+            return (None, gr.skip(), gr.skip(), *self.controls(False))
         try:
             run.advance(COMPARE_SLICE)
         except torch.OutOfMemoryError:
@@ -218,6 +219,8 @@ class CompareSteps:
                 self.progress_html(run), *self.controls(True))
 
     def cancel(self, run: CompareRun | None):
+        if run is not None:
+            run.cancelled = True  # a tick in flight still ends; the next one stops
         finished = len(run.rows) if run is not None else 0
         text = (f"Cancelled after {finished} of 5 methods." if run is not None else "Nothing to cancel.")
         body = compare_table(run.rows) if run is not None and any(r["name"] == "greedy" for r in run.rows) else ""
