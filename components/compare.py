@@ -205,7 +205,9 @@ class CompareSteps:
         import gradio as gr
 
         from tr_core.devices import oom_message
-        if run is None or run.done or run.cancelled:
+        if run is not None and run.cancelled:
+            return (None, gr.skip(), self.cancelled_html(run), *self.controls(False))
+        if run is None or run.done:
             return (None, gr.skip(), gr.skip(), *self.controls(False))
         try:
             run.advance(COMPARE_SLICE)
@@ -221,10 +223,15 @@ class CompareSteps:
     def cancel(self, run: CompareRun | None):
         if run is not None:
             run.cancelled = True  # a tick in flight still ends; the next one stops
-        finished = len(run.rows) if run is not None else 0
-        text = (f"Cancelled after {finished} of 5 methods." if run is not None else "Nothing to cancel.")
-        body = compare_table(run.rows) if run is not None and any(r["name"] == "greedy" for r in run.rows) else ""
-        return (None, body + f"<div class='status'>{text}</div>", *self.controls(False))
+        return (None, self.cancelled_html(run), *self.controls(False))
+
+    @staticmethod
+    def cancelled_html(run: CompareRun | None) -> str:
+        """The methods finished before Cancel, in the table (with greedy's, their speedups), and a line."""
+        if run is None:
+            return "<div class='status'>Nothing to cancel.</div>"
+        body = compare_table(run.rows) if any(r["name"] == "greedy" for r in run.rows) else ""
+        return body + f"<div class='status'>Cancelled after {len(run.rows)} of {len(run.makers)} methods.</div>"
 
     @staticmethod
     def progress_html(run: CompareRun) -> str:
