@@ -1,0 +1,74 @@
+"""A lesson with no surprises, without a browser: the counters take the speedup apart, a failed model
+load keeps the run, the browser's copy of a tab brings it back, and Compare runs in slices."""
+from __future__ import annotations
+
+from components.compare import CompareSteps
+from components.counters import counters_html
+from components.handlers import Handlers
+from components.run_files import RunFiles
+from components.session import SETTINGS_FIELDS, Session
+
+from .test_app import PROMPT
+
+ARGS = ("embedded", "tr-16", 8, 12, True, True, "Token Recycling (TR)", 0.0, 1.0, 0, "hot")
+
+
+def test_the_counters_lead_with_mat_and_take_the_speedup_apart():
+    fig = {"tr": {"tokens": 30, "forwards": 12, "mat": 2.5, "tok_per_s": 15.0, "seconds": 2.0},
+           "greedy": {"tokens": 30, "forwards": 30, "mat": 1.0, "tok_per_s": 12.0, "seconds": 2.5},
+           "speedup": 1.25, "identical": True, "compared": 30}
+    html = counters_html(fig, cpu=True)
+    assert html.index("MAT <b>2.50</b>") < html.index("speedup here")  # MAT leads
+    # a step of the method took (2.0 / 12) / (2.5 / 30) = 2.00 greedy steps: 2.5 / 2.00 = 1.25
+    assert "1.25× = MAT 2.50 ÷ 2.00" in html and "Projection, not a measurement" in html and "2.5×" in html
+    assert "Projection" not in counters_html(fig, cpu=False)  # on a GPU the speedup is measured, not projected
+
+
+def test_a_failed_model_switch_keeps_the_run_shown(hub):
+    h = Handlers(hub, 256)
+    sess = Session()
+    for _ in range(2):
+        h.step(None, PROMPT, *ARGS, False, sess)
+    text = sess.views()[3]
+    out = h.step(None, PROMPT, "nobody/nothing-7b", *ARGS[1:], False, sess)
+    assert "The run shown stays" in out[-1]
+    assert sess.race is None and len(sess.view().steps) == 2 and sess.views()[3] == text  # detached, the same
+    assert "step 2 of 2" in out[-2].label
+    out = h.step(None, PROMPT, *ARGS, False, sess)  # the model that loads: a new run, from step 1
+    assert len(sess.view().steps) == 1 and sess.kept is None
+
+
+def test_the_browsers_copy_of_a_tab_brings_back_its_prompt_settings_and_run(hub):
+    h = Handlers(hub, 256)
+    files = RunFiles(h)
+    sess = Session()
+    for _ in range(3):
+        h.step(None, PROMPT, *ARGS, False, sess)
+    _button, kept = files.prepare(sess)
+    assert kept["prompt"] == PROMPT and kept["run"] and set(kept["settings"]) == set(SETTINGS_FIELDS)
+    out = files.restore(None, kept)  # a reload: a new session from what the browser kept
+    restored, prompt, fields = out[0], out[-1 - len(SETTINGS_FIELDS)], out[-len(SETTINGS_FIELDS):]
+    assert restored is not sess and len(restored.view().steps) == 3 and prompt == PROMPT
+    assert fields[SETTINGS_FIELDS.index("tree")] == "tr-16" and fields[SETTINGS_FIELDS.index("method")] == ARGS[6]
+    assert restored.view().output == sess.view().output
+    out = files.restore(None, {**kept, "run": "{not a run"})  # a damaged copy: the prompt and settings alone
+    assert out[0].view() is None and out[-1 - len(SETTINGS_FIELDS)] == PROMPT
+
+
+def test_compare_runs_in_slices_to_the_end_and_cancels(hub):
+    steps = CompareSteps(hub, 256)
+    run = steps.begin(PROMPT, "embedded", 12)[0]
+    ticks = 0
+    while run is not None:
+        out = steps.tick(run)
+        run, ticks = out[0], ticks + 1
+        if run is not None:
+            assert "Method" in out[2] and "of at most 12 tokens" in out[2]  # progress per step
+    assert ticks > 1 and "identical to greedy" in out[2] and "differs" not in out[2]
+    run = steps.begin(PROMPT, "embedded", 12)[0]
+    steps.tick(run)
+    out = steps.cancel(run)
+    assert "Cancelled after" in out[1] and out[0] is None
+    assert "Cancelled after" in steps.tick(run)[2]  # a slice in flight when Cancel came ends there
+    refused = steps.begin("", "embedded", 12)
+    assert refused[0] is None and "empty" in refused[2]
