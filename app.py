@@ -262,7 +262,7 @@ def wire(demo: gr.Blocks, h: Handlers, session, ui: dict, cmp: dict, hub: ModelH
                                                          cmp["cancel"]], queue=False)
     demo.load(warm, None, ui["status"], **model)
     # a new page, or a reload: the tab's prompt, settings and run come back (not the status: warm-up's)
-    demo.load(files.restore, ui["kept"], views[:-1] + [ui["prompt"], *settings_inputs])
+    demo.load(files.restore, [ui["kept"], session], views[:-1] + [ui["prompt"], *settings_inputs])
     demo.unload(h.on_unload)
 
 

@@ -91,11 +91,14 @@ class RunFiles:
         path = run_file_for(sess)
         return gr.DownloadButton(value=path, interactive=path is not None), kept_for_reload(sess, path)
 
-    def restore(self, request: gr.Request, kept: dict | None):
+    def restore(self, request: gr.Request, kept: dict | None, current: Session | None = None):
         """A page (re)load: the tab's prompt, settings and run as they were before a reload, when the
-        browser kept them; else an empty page.  (session, *panels, prompt, *settings fields.)"""
-        sess = self.handlers.session(None, request)
+        browser kept them; else an empty page.  (session, *panels, prompt, *settings fields.)  A tab that
+        has stepped already (``current``) is left as it is."""
         fields = [gr.skip()] * (1 + len(SETTINGS_FIELDS))
+        if current is not None and current.view() is not None:
+            return (*[gr.skip()] * len(self.handlers.render(current)[:-1]), *fields)
+        sess = self.handlers.session(current, request)
         if isinstance(kept, dict) and kept.get("prompt") is not None:
             fields = [str(kept["prompt"])[:MAX_PROMPT_CHARS]] + settings_fields(kept.get("settings"))
             run, note = None, kept.get("note", "")
