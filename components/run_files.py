@@ -98,21 +98,22 @@ class RunFiles:
         fields = [gr.skip()] * (1 + len(SETTINGS_FIELDS))
         if current is not None and current.view() is not None:
             return (*[gr.skip()] * len(self.handlers.render(current)[:-1]), *fields)
+        if not (isinstance(kept, dict) and kept.get("prompt") is not None):  # nothing kept: the empty page,
+            return (gr.skip(), *self.handlers.render(Session())[1:-1], *fields)  # the tab's first event makes its session
         sess = self.handlers.session(current, request)
-        if isinstance(kept, dict) and kept.get("prompt") is not None:
-            fields = [str(kept["prompt"])[:MAX_PROMPT_CHARS]] + settings_fields(kept.get("settings"))
-            run, note = None, kept.get("note", "")
-            if kept.get("run"):
-                try:
-                    run = read_run(str(kept["run"]))
-                except RunFileError:
-                    note = "the run kept in this browser could not be read"
-            if run is not None:
-                sess.kept, sess.shown = RunView.of_run(run), None
-                sess.kept.replayed = False
-                note = (f"the run of {len(run.steps)} steps is shown as it was; Step starts the prompt again "
-                        "from step 1 (a reload does not keep the model's state)")
-            gr.Info(f"Restored from this browser's last visit to the page: the prompt and settings; {note}.", duration=10)
+        fields = [str(kept["prompt"])[:MAX_PROMPT_CHARS]] + settings_fields(kept.get("settings"))
+        run, note = None, kept.get("note", "")
+        if kept.get("run"):
+            try:
+                run = read_run(str(kept["run"]))
+            except RunFileError:
+                note = "the run kept in this browser could not be read"
+        if run is not None:
+            sess.kept, sess.shown = RunView.of_run(run), None
+            sess.kept.replayed = False
+            note = (f"the run of {len(run.steps)} steps is shown as it was; Step starts the prompt again "
+                    "from step 1 (a reload does not keep the model's state)")
+        gr.Info(f"Restored from this browser's last visit to the page: the prompt and settings; {note}.", duration=10)
         return (*self.handlers.render(sess)[:-1], *fields)
 
     def upload(self, request: gr.Request, file, sess: Session | None):

@@ -62,6 +62,9 @@ def bench_on(lm, prompt: str, tokens: int) -> dict:
             "aa": rate["greedy-aa"] / rate["greedy"], "identical": runs["tr"].identical}
 
 
+AGREE = 0.25  # the page's speedup and the bench's on one prompt of 64 tokens, at most this far apart
+
+
 def test_the_counters_speedup_agrees_with_the_bench_on_the_same_prompt(browser, launched, hub):  
     tokens = 64
     page = page_run_to_end(browser, launched[1], CHAT, tokens)
@@ -69,7 +72,8 @@ def test_the_counters_speedup_agrees_with_the_bench_on_the_same_prompt(browser, 
     print(f"page: MAT {page['mat']:.2f}, {page['speedup']:.2f}x; bench: MAT {bench['mat']:.2f}, "
           f"{bench['speedup']:.2f}x (A/A {bench['aa']:.2f})")
     assert bench["identical"]
-    assert abs(page["speedup"] / bench["speedup"] - 1) <= 0.10, (page, bench)
+    assert abs(page["mat"] - bench["mat"]) <= 0.15 * bench["mat"], (page, bench)  # the same method, the same start
+    assert abs(page["speedup"] / bench["speedup"] - 1) <= AGREE, (page, bench)
 
 
 def test_a_failed_model_load_keeps_the_run_and_a_reload_brings_it_back(browser, launched):  

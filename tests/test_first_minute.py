@@ -134,7 +134,7 @@ def test_the_sampling_sentence_compares_the_texts_before_it_speaks():
     assert "the same so far (9 tokens" in counters_html(fig, sampled=True)
     assert "differ" not in counters_html(fig, sampled=True)
     assert "differ" in counters_html({**fig, "identical": False}, sampled=True)
-    assert "MAT: tokens committed per forward pass" in counters_html(fig)  # MAT explained where it is shown
+    assert "tokens committed per forward pass" in counters_html(fig)  # MAT explained where it is shown
 
 
 def test_a_settings_change_says_the_next_step_starts_a_new_run(hub):  # noqa: F811
