@@ -38,8 +38,9 @@ def test_browser_steps_draw_tree_heatmap_and_counters(launched, tmp_path):  # no
             expect(page.locator("#matrix-heatmap .js-plotly-plot")).to_have_count(1, timeout=30_000)
             before = counters.inner_text()
             tree_before = page.locator("#tree-plot").inner_text()
-            for _ in range(3):
+            for n in (2, 3, 4):
                 page.locator("#step").click()
+                expect(page.locator("#history")).to_contain_text(f"step {n} of {n}", timeout=60_000)
                 expect(counters).not_to_have_text(before, timeout=60_000)
                 expect(idle).to_have_count(0, timeout=60_000)
                 before = counters.inner_text()
