@@ -8,12 +8,16 @@ from tr_core.trace import Step
 from .tokens import visible
 
 
-LATER = ("Early steps, and steps whose drafts miss, can cost more than greedy's: every draft token costs forward "
-         "time (more on a CPU). Where drafts keep missing, the planner shrinks the tree.")
+LATER = ("Steps whose drafts miss can cost more than greedy's: every draft token costs forward time (more on a "
+         "CPU). Where drafts keep missing, the planner shrinks the tree.")
 MISSED = "Steps that miss, most often early ones, cost more than greedy's: draft tokens cost forward time."
 EARLY = ("Early steps: a third or more of this tree would come from rows never written (∅), so few drafts "
          "can hit yet, and every draft token costs forward time (big trees cost more on a CPU): early steps "
          "can be slower than greedy.")
+
+
+def _positions(n: int) -> str:
+    return f"all {n} positions" if n != 1 else "its one position"
 
 
 def hit_words(step: Step) -> str:
@@ -79,13 +83,15 @@ def _phase_body(step: Step | None, token_text, frame: int = 0) -> str:
                      f"{'were' if from_matrix != 1 else 'was'} read out of the matrix"
                      f"{f' ({paired} via pair rows)' if paired else ''}, "
                      f"branch by branch{_blank(step)} ({ms.get('retrieve', 0):.1f} ms).{extra}"),
-        ("verify", f"One forward pass of {step.forward_tokens} token{'s' * (step.forward_tokens != 1)} checked every "
-                   f"branch at once, each token seeing only its ancestors ({ms.get('forward', 0):.0f} ms)."),
+        ("verify", (f"One forward pass of {step.forward_tokens} tokens checked every branch at once, each token "
+                    f"seeing only its ancestors ({ms.get('forward', 0):.0f} ms)." if step.forward_tokens > 1 else
+                    f"One forward pass of the last token alone: nothing was drafted to check "
+                    f"({ms.get('forward', 0):.0f} ms).")),
         ("accept", f"The longest branch matching the model's own choices had <b>{acc}</b> token{'s' * (acc != 1)}; "
                    f"the model added <b>{own}</b> itself, so this step committed <b>{len(step.committed)}</b> "
                    f"({min(acc, len(step.committed))} from the draft + "
                    f"{len(step.committed) - min(acc, len(step.committed))} of its own)."),
-        ("recycle", f"The candidates the model produced at all {step.forward_tokens} positions, accepted or not, "
+        ("recycle", f"The candidates the model produced at {_positions(step.forward_tokens)}, accepted or not, "
                     f"were written into {len(step.rows_written)} matrix row{'s' * (len(step.rows_written) != 1)}"
                     f"{_one_row_each(step)}{' and into pair rows' if paired else ''}"
                     f" ({ms.get('update', 0):.1f} ms)."),
