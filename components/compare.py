@@ -143,29 +143,48 @@ def compare_handler(hub, cap: int, rows_on_gpu=None):
     ``rows_on_gpu(prompt, model, max_new)``: where the methods run (ZeroGPU: one GPU call, no progress)."""
     import gradio as gr
 
-    from .session import UserError, check_prompt
+    from .session import UserError
 
     def compare(prompt, model, max_new, progress=gr.Progress()):
         try:
-            check_prompt(prompt)
-            if not 1 <= int(max_new or 0) <= cap:
-                raise UserError(f"Max new tokens must be between 1 and {cap}.")
             if rows_on_gpu is not None:
-                try:
-                    hub.get(model)  # a model this server does not serve is refused here, before the GPU call
-                except Exception as err:  # noqa: BLE001 - a model that cannot load, in words
-                    raise UserError(str(err)) from None
+                checked_model(hub, prompt, model, max_new, cap)  # refused here, before the GPU call
                 progress(0.1, desc="Running every method to the end on the GPU")
                 rows = rows_on_gpu(str(prompt), model, int(max_new))
             else:
+                check_input(prompt, max_new, cap)
                 rows = compare_rows(hub, str(prompt), model, int(max_new), progress)
             if isinstance(rows, str):
                 raise UserError(rows)
         except UserError as err:
             gr.Warning(str(err))
-            return gr.skip(), f"<div class='status warn'>⚠️ {html.escape(str(err))}</div>"
+            return gr.skip(), warning_html(str(err))
         return compare_figure(rows), compare_table(rows)
     return compare
+
+
+def check_input(prompt, max_new, cap: int) -> None:
+    """Compare's prompt and token count, refused in words (``UserError``)."""
+    from .session import UserError, check_prompt
+
+    check_prompt(prompt)
+    if not 1 <= int(max_new or 0) <= cap:
+        raise UserError(f"Max new tokens must be between 1 and {cap}.")
+
+
+def checked_model(hub, prompt, model, max_new, cap: int):
+    """The model Compare runs on, after its input is checked; one that cannot load, in words."""
+    from .session import UserError
+
+    check_input(prompt, max_new, cap)
+    try:
+        return hub.get(model)
+    except Exception as err:  # noqa: BLE001 - a model that cannot load, in words
+        raise UserError(str(err)) from None
+
+
+def warning_html(text: str) -> str:
+    return f"<div class='status warn'>⚠️ {html.escape(text)}</div>"
 
 
 COMPARE_SLICE = 0.3  # seconds of Compare's work per queued event: other tabs' steps run in between
@@ -185,20 +204,13 @@ class CompareSteps:
 
         from tr_core.decoders import DecodeError
 
-        from .session import UserError, check_prompt
+        from .session import UserError
         try:
-            check_prompt(prompt)
-            if not 1 <= int(max_new or 0) <= self.cap:
-                raise UserError(f"Max new tokens must be between 1 and {self.cap}.")
-            try:
-                lm = self.hub.get(model)
-            except Exception as err:  # a model that cannot load, in words
-                raise UserError(str(err)) from None
+            lm = checked_model(self.hub, prompt, model, max_new, self.cap)
             run = CompareRun.start(lm, str(prompt), int(max_new))
         except (UserError, DecodeError) as err:
             gr.Warning(str(err))
-            return (None, gr.skip(), f"<div class='status warn'>⚠️ {html.escape(str(err))}</div>",
-                    *self.controls(False))
+            return (None, gr.skip(), warning_html(str(err)), *self.controls(False))
         return (run, gr.skip(), self.progress_html(run), *self.controls(True))
 
     def tick(self, run: CompareRun | None):
@@ -213,8 +225,7 @@ class CompareSteps:
             run.advance(COMPARE_SLICE)
         except torch.OutOfMemoryError:
             lm = self.hub.get(None)
-            return (None, gr.skip(), f"<div class='status warn'>⚠️ {html.escape(oom_message(lm.name, lm.dtype, lm.device))}</div>",
-                    *self.controls(False))
+            return (None, gr.skip(), warning_html(oom_message(lm.name, lm.dtype, lm.device)), *self.controls(False))
         if run.done:
             return (None, compare_figure(run.rows), compare_table(run.rows), *self.controls(False))
         return (run, compare_figure(run.rows) if run.rows and run.decoder is None else gr.skip(),
