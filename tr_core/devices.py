@@ -370,10 +370,9 @@ def float32_token_ratio(device: torch.device, shapes: list[tuple[int, int]], tok
 
 
 def _memory_file():
-    from pathlib import Path
+    from .gguf_cache import cache_root
 
-    root = os.environ.get("TR_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "token_recycling")
-    return Path(root) / "dtype_rule.json"
+    return cache_root() / "dtype_rule.json"
 
 
 def _shapes_key(device: torch.device, parameters, shapes) -> str:

@@ -16,7 +16,7 @@ import torch
 
 from .attention import register as register_attention
 from .layout import AttentionLayout, UnsupportedArchitecture, attention_implementation, new_cache
-from . import devices
+from . import devices, gguf_cache
 from .devices import exact_float32
 from .prepack import prepack_available, prepack_linears
 from .templates import PLAIN, encode_turns, pick_template
@@ -187,49 +187,38 @@ def load_model(spec: str | None = None, device: str | None = None,
                dtype: str | torch.dtype | None = None, prepack: bool | None = None) -> LoadedModel:
     """Load ``spec`` (see module doc) on ``device`` (default: CUDA if present) in ``dtype``.
 
-    ``prepack`` (default: wherever available, i.e. on CPU) reorders the linear layers' weights
-    for oneDNN once (:mod:`tr_core.prepack`), which makes multi-token forwards much cheaper.
-    ``TR_PREPACK=0`` in the environment turns the default off.
+    A ``.gguf`` file is read through its converted folder in the local cache where there is one
+    (:mod:`tr_core.gguf_cache`: dequantised once, then read in seconds).  ``prepack`` (default:
+    wherever available, i.e. on CPU) reorders the linear layers' weights for oneDNN once
+    (:mod:`tr_core.prepack`), which makes multi-token forwards much cheaper.  ``TR_PREPACK=0`` in the
+    environment turns the default off.
     """
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
-
     if spec in (None, "", EMBEDDED) and not embedded_installed():
         return _load_hub_fallback(device, dtype, prepack)
     dev = pick_device(device)
     path, extra, name = _source(spec)
+    try:
+        choice = devices.pick_dtype(dtype, dev)  # CPU or asked for: decided; a GPU's default: see _read
+    except ValueError as err:
+        raise ModelLoadError(str(err)) from None
+    folder = gguf_cache.cached(Path(path) / extra["gguf_file"]) if extra else None
+    if folder is not None:
+        try:
+            return _finish(*_read(spec, str(folder), {}, dev, dtype, choice), name, dev, prepack)
+        except ModelLoadError:
+            gguf_cache.forget(folder)  # a damaged conversion: the GGUF file itself, and a fresh one next time
+    return _finish(*_read(spec, path, extra, dev, dtype, choice), name, dev, prepack)
+
+
+def _read(spec, path: str, extra: dict, dev: torch.device, dtype, choice) -> tuple:
+    """(model, tokenizer, dtype choice) from ``path`` (``extra``: a GGUF file's name), every failure
+    a ``ModelLoadError`` in words."""
     offline = os.environ.get("HF_HUB_OFFLINE") == "1" or os.environ.get("TRANSFORMERS_OFFLINE") == "1"
     hint = " (offline: only local folders, .gguf files and already cached models can load)" if offline else ""
     try:
-        choice = devices.pick_dtype(dtype, dev)  # CPU or asked for: decided; a GPU's default: below
-    except ValueError as err:
-        raise ModelLoadError(str(err)) from None
-    try:
-        attention = register_attention()
-        if not extra:  # a hub id or folder: refuse what we cannot serve before fetching the weights
-            config = AutoConfig.from_pretrained(path)
-            if type(config) not in MODEL_FOR_CAUSAL_LM_MAPPING:
-                raise ModelLoadError(f"{spec!r} is a {config.model_type!r} model, not a causal language model.")
-            AttentionLayout.from_config(config)
-            attention = attention_implementation(config, attention)
-            if dev.type == "cuda":
-                choice = devices.pick_dtype(dtype, dev, parameter_count(config), devices.layer_shapes(config))
-        tokenizer = AutoTokenizer.from_pretrained(path, **extra)
-        if extra:  # a GGUF file: its config comes with its weights, dequantised on the host
-            decide = dev.type == "cuda" and devices.parse_dtype(dtype) is None  # float32 until the rule has run
-            model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32 if decide else choice.dtype,
-                                                         attn_implementation=attention, **extra)
-            if decide:
-                choice = devices.pick_dtype(dtype, dev, sum(p.numel() for p in model.parameters()),
-                                            devices.layer_shapes(model.config))
-            model.to(device=dev, dtype=choice.dtype)
-        elif devices.load_straight_to_device():  # built on the device, never whole in host memory first
-            model = AutoModelForCausalLM.from_pretrained(path, dtype=choice.dtype, attn_implementation=attention,
-                                                         device_map={"": dev})
-        else:  # no accelerate, or ZeroGPU: on the host, then moved
-            model = AutoModelForCausalLM.from_pretrained(path, dtype=choice.dtype, attn_implementation=attention)
-            model.to(dev)
-        layout = AttentionLayout.from_config(model.config)
+        if extra:
+            return _read_gguf(path, extra, dev, dtype, choice)
+        return _read_folder_or_hub(spec, path, dev, dtype, choice)
     except UnsupportedArchitecture as err:
         raise ModelLoadError(str(err)) from err
     except ModelLoadError:
@@ -240,6 +229,48 @@ def load_model(spec: str | None = None, device: str | None = None,
     except Exception as err:  # hub, I/O and config errors come in many types; all mean "cannot load"
         text = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise ModelLoadError(f"Could not load model {spec!r}{hint}: {text}") from err
+
+
+def _read_gguf(path: str, extra: dict, dev: torch.device, dtype, choice) -> tuple:
+    """A GGUF file: its config comes with its weights, dequantised on the host, then moved."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(path, **extra)
+    decide = dev.type == "cuda" and devices.parse_dtype(dtype) is None  # float32 until the rule has run
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32 if decide else choice.dtype,
+                                                 attn_implementation=register_attention(), **extra)
+    if decide:
+        choice = devices.pick_dtype(dtype, dev, sum(p.numel() for p in model.parameters()),
+                                    devices.layer_shapes(model.config))
+    model.to(device=dev, dtype=choice.dtype)
+    return model, tokenizer, choice
+
+
+def _read_folder_or_hub(spec, path: str, dev: torch.device, dtype, choice) -> tuple:
+    """A hub id or a model folder: what we cannot serve is refused before the weights are read."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+
+    config = AutoConfig.from_pretrained(path)
+    if type(config) not in MODEL_FOR_CAUSAL_LM_MAPPING:
+        raise ModelLoadError(f"{spec!r} is a {config.model_type!r} model, not a causal language model.")
+    AttentionLayout.from_config(config)
+    attention = attention_implementation(config, register_attention())
+    if dev.type == "cuda":
+        choice = devices.pick_dtype(dtype, dev, parameter_count(config), devices.layer_shapes(config))
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    if devices.load_straight_to_device():  # built on the device, never whole in host memory first
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=choice.dtype, attn_implementation=attention,
+                                                     device_map={"": dev})
+    else:  # no accelerate, or ZeroGPU: on the host, then moved
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=choice.dtype, attn_implementation=attention)
+        model.to(dev)
+    return model, tokenizer, choice
+
+
+def _finish(model, tokenizer, choice, name: str, dev: torch.device, prepack: bool | None) -> LoadedModel:
+    """The loaded model, evaluated, exact in float32, pre-packed where that pays, with its facts."""
+    layout = AttentionLayout.from_config(model.config)
     model.eval()
     dt = choice.dtype
     if dt == torch.float32:
