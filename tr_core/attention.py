@@ -35,6 +35,9 @@ def sdpa_shared_kv(module: torch.nn.Module, query: torch.Tensor, key: torch.Tens
     [b, 1, q, kv]`` -> (``[b, q, heads, d]``, None), as transformers' ``sdpa_attention_forward``."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
+    segments = kwargs.pop("segments", None)
+    if segments:
+        return packed_attention(module, query, key, value, attention_mask, segments, dropout, scaling, **kwargs), None
     groups = getattr(module, "num_key_value_groups", 1)
     way = MASKED_GQA.get(query.device.type, "repeat_kv")
     if (groups == 1 or attention_mask is None or way == "repeat_kv" or attention_mask.shape[1] != 1
@@ -46,6 +49,21 @@ def sdpa_shared_kv(module: torch.nn.Module, query: torch.Tensor, key: torch.Tens
     out = F.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask, dropout_p=dropout,
                                          scale=scaling, enable_gqa=True)
     return out.transpose(1, 2).contiguous(), None
+
+
+def packed_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                     mask: torch.Tensor, segments, dropout: float = 0.0, scaling: float | None = None,
+                     **kwargs) -> torch.Tensor:
+    """Several requests packed in one forward (:mod:`tr_core.batching`): each segment's queries
+    ``q0:q1`` attend to its own keys ``k0:k1`` alone, with its block of the mask (or none, where it
+    had none alone), exactly as its own forward would.  -> ``[1, Q, heads, d]``."""
+    outs = []
+    for s in segments:
+        own = mask[:, :, s.q0:s.q1, s.k0:s.k1] if s.masked else None
+        out, _ = sdpa_shared_kv(module, query[:, :, s.q0:s.q1], key[:, :, s.k0:s.k1], value[:, :, s.k0:s.k1], own,
+                                dropout=dropout, scaling=scaling, **kwargs)
+        outs.append(out)
+    return torch.cat(outs, dim=1)
 
 
 def folded_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor,

@@ -15,15 +15,17 @@ from .precision import Divergence, explain_divergence
 from .trace import Step
 
 
-def timed_step(dec: Decoder) -> Step:
-    """``dec.step()`` timed as the benchmark times a run: the wall clock of the whole step (retrieve,
-    lookup, forward, verify, update, prune, planning and host work), the device synchronised once
-    at each end.  The step's ``seconds`` then read this time."""
+def timed_step(dec: Decoder, forwards=None) -> Step:
+    """``dec.step(forwards)`` timed as the benchmark times a run: the wall clock of the whole step
+    (retrieve, lookup, forward, verify, update, prune, planning and host work), the device
+    synchronised once at each end.  The step's ``seconds`` then read this time.  A step whose forward
+    was batched with other tabs' (``forwards``) is charged the whole batched forward, which is what
+    its tab waited for, but not the time it queued behind an earlier forward (``"queue"``)."""
     synchronize(dec.lm.device)
     t0 = time.perf_counter()
-    step = dec.step()
+    step = dec.step(forwards)
     synchronize(dec.lm.device)
-    step.wall = time.perf_counter() - t0
+    step.wall = time.perf_counter() - t0 - step.timings.get("queue", 0.0)
     return step
 
 
@@ -34,6 +36,7 @@ class Race:
     speedups: list[float] = field(default_factory=list)  # cumulative speedup after each step
     baseline: list[dict] = field(default_factory=list)  # greedy's tokens, forwards, seconds after each step
     divergence: Divergence | None = None  # where and why the outputs first parted (greedy decoding only)
+    forwards: object = None  # runs each forward (None: alone; a Batcher's ``run``: with other tabs' steps)
 
     def start(self, prompt_ids: list[int]) -> None:
         self.decoder.start(prompt_ids)
@@ -47,9 +50,9 @@ class Race:
     def step(self) -> Step:
         self.restore_caches()
         gc.collect(1)  # what the caller left to collect (e.g. drawing the last step) is not this step's work
-        step = timed_step(self.decoder)
+        step = timed_step(self.decoder, self.forwards)
         while not self.greedy.done and len(self.greedy.output) < len(self.decoder.output):
-            timed_step(self.greedy)
+            timed_step(self.greedy, self.forwards)
         self.speedups.append(self.figures()["speedup"])
         g = self.greedy
         self.baseline.append({"tokens": len(g.output), "forwards": len(g.steps),

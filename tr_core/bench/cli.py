@@ -94,6 +94,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quiet", action="store_true", help="no progress bar")
     ap.add_argument("--save-runs", default=None, metavar="DIR",
                     help="also write one run file per prompt and method (the app opens and replays them)")
+    ap.add_argument("--concurrency", default=None, metavar="N,N,...",
+                    help="a class: at each N, N prompts decoded together, one forward a round, TR against greedy "
+                         "(e.g. 1,4,8,16; tr_core.bench.classroom)")
+    ap.add_argument("--repeats", type=int, default=2, help="with --concurrency: runs of each method at each N")
     args = ap.parse_args(argv)
     if args.max_new_tokens < 1 or args.limit < 1 or args.k < 1:
         ap.error("--max-new-tokens, --limit and --k must be at least 1")
@@ -113,6 +117,10 @@ def main(argv: list[str] | None = None) -> int:
         sampling = (SamplingConfig(args.temperature, args.top_p, args.top_k, args.seed)
                     if args.temperature > 0 else None)
         lm = load_model(args.model, args.device, args.dtype, prepack=not args.no_prepack)
+        if args.concurrency:
+            from .classroom import run_class
+
+            return run_class(args, lm, prompts, argv)
         if args.peers == "untouched" and not second_copy_fits(lm):
             print(f"note: a second copy of {lm.name} ({model_bytes(lm) / 2**30:.1f} GiB) does not fit in the "
                   f"{(free_memory(lm.device) or 0) / 2**30:.1f} GiB free on {lm.device}: the peers run on the same "

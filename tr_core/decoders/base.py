@@ -41,7 +41,13 @@ class PhaseClock:
         self.cuda = device.type == "cuda"
         self.device = device
         self._spans: list[tuple[str, object, object]] = []  # (phase, start, end): events or times
+        self._added: dict[str, float] = {}  # seconds measured elsewhere (a batched forward's queue)
         self._seconds: dict[str, float] | None = None
+
+    def add(self, name: str, seconds: float) -> None:
+        """Seconds of phase ``name`` measured by someone else (on the host)."""
+        self._added[name] = self._added.get(name, 0.0) + seconds
+        self._seconds = None
 
     def _mark(self):
         if self.cuda:
@@ -62,7 +68,7 @@ class PhaseClock:
         if self._seconds is None:
             if self.cuda and self._spans:
                 self._spans[-1][2].synchronize()
-            self._seconds = {}
+            self._seconds = dict(self._added)
             for name, a, b in self._spans:
                 took = a.elapsed_time(b) / 1000.0 if self.cuda else b - a
                 self._seconds[name] = self._seconds.get(name, 0.0) + took
@@ -152,10 +158,15 @@ class Decoder(ABC):
         self.last = torch.tensor(ids[-1], device=device)
 
     @torch.inference_mode()
-    def step(self) -> Step:
-        """Exactly one verification forward; returns its trace record."""
+    def step(self, forwards=None) -> Step:
+        """Exactly one verification forward; returns its trace record.  ``forwards(lm, requests) ->
+        logits`` runs the forward (default: alone; a ``tr_core.batching.Batcher``'s ``run`` shares it
+        with other decoders' steps)."""
         request = self.prepare_step()
-        logits = run_forward(self.lm, request)  # [q, vocab]
+        if forwards is None:
+            logits = run_forward(self.lm, request)  # [q, vocab]
+        else:
+            logits = forwards(self.lm, [request])[0]
         return self.finish_step(request, logits)
 
     @abstractmethod
