@@ -129,3 +129,23 @@ def test_a_lone_caller_runs_at_once_and_a_failed_forward_reaches_its_callers_onl
         batcher.run(lm, [request])
     dec.step(batcher.run)  # the batcher goes on
     assert batcher.sizes == [1, 1, 1] and len(dec.output) == 2
+
+
+def test_a_planner_in_a_class_sizes_its_tree_for_the_batch():
+    """Alone, a step's cost is its own forward's; in forwards shared by 8 requests, its share of a
+    forward of 8 times its tokens (and greedy's, of 8 single tokens)."""
+    from tr_core.planner import TreePlanner
+
+    lm = random_lm(family_configs()["llama"])
+    planner = TreePlanner(lm)
+    alone = planner.step_cost(10)
+    planner.record([], [], forward_tokens=10, forward_seconds=planner.cost(10, 64), cache_length=64)
+    assert planner.batch == 1.0
+    for _ in range(20):
+        planner.record([], [], forward_tokens=10, forward_seconds=planner.cost(80, 64), cache_length=64, batch=8,
+                       batch_tokens=80)
+    assert planner.batch == pytest.approx(8.0, rel=0.01)
+    b = planner.batch
+    assert planner.step_cost(10) == pytest.approx(planner.cost(round(10 * b), 64) / b + planner.host(10))
+    assert planner.greedy_cost() == pytest.approx(planner.cost(round(b), 64) / b + planner.host(1))
+    assert planner.step_cost(10) != pytest.approx(alone)

@@ -21,7 +21,8 @@ def bare_host(tmp_path: Path, hide: str) -> dict:
     site.mkdir(exist_ok=True)
     shutil.copy(Path(__file__).with_name("hide_installed.py"), site / "sitecustomize.py")
     return {**os.environ, "PYTHONPATH": str(site), "TR_HIDE": hide, "HF_HUB_OFFLINE": "1",
-            "TRANSFORMERS_OFFLINE": "1", "TR_CACHE": str(tmp_path / "cache")}
+            "TRANSFORMERS_OFFLINE": "1", "TR_CACHE": str(tmp_path / "cache"),
+            "TR_GGUF_CACHE": "0"}  # the file is read as is: a conversion here would only add time
 
 
 def run_check(tmp_path: Path, env: dict, *args: str) -> tuple[subprocess.CompletedProcess, dict]:

@@ -81,6 +81,8 @@ def run_forwards(lm: LoadedModel, requests: list[ForwardRequest]) -> list[torch.
     if len(requests) <= 1 or not can_pack(lm):
         return [run_forward(lm, r) for r in requests]
     segments = pack_segments(requests, lm.layout.sliding)
+    for r in requests:
+        r.batch, r.batch_tokens = len(requests), segments[-1].q1
     masks = packed_masks(lm, requests, segments)
     cache = PackedCache([r.cache for r in requests], [(s.q0, s.q1) for s in segments])
     input_ids = torch.cat([r.input_ids for r in requests], dim=1)  # [1, Q]

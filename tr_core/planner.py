@@ -224,6 +224,7 @@ class TreePlanner:
         self.by_temperature: dict[float, tuple[AcceptanceStats, ChainStats]] = {}
         self.temperature = None
         self.steps, self.idle, self.cache, self.hot = 0, 0, None, False
+        self.batch = 1.0  # requests in this decoder's forwards lately (tr_core.batching): 1 alone
         self.use_temperature(0.0)
 
     def use_temperature(self, temperature: float) -> None:
@@ -255,17 +256,28 @@ class TreePlanner:
     def step_cost(self, q: int) -> float:
         """Seconds of a step of ``q`` query tokens at the cache length last seen: its forward, and
         the host work around it (``HostCost``, measured on this machine's steps).  Under a node
-        ``budget``, every size costs the same: the plan is the whole universe."""
+        ``budget``, every size costs the same: the plan is the whole universe.
+
+        In a class (``batch`` requests share each forward, :mod:`tr_core.batching`) the tree is sized
+        for the batch: as if every tab in it sent ``q`` tokens too, a step's share is the forward of
+        ``batch * q`` tokens divided among them (the cost curve is fitted on the batches' total
+        tokens), and greedy's is that of ``batch`` single tokens.  Alone, the two are as before."""
         if self.budget is not None:
             return 1.0
-        return self.cost(q, self.cache) + self.host(q)
+        b = self.batch
+        if b <= 1.0:
+            return self.cost(q, self.cache) + self.host(q)
+        return self.cost(round(q * b), self.cache) / b + self.host(q)
 
     def greedy_cost(self) -> float:
         """Seconds of a plain greedy step at the cache length last seen: its mask-free 1-token forward
         (``CostCurve.greedy``) and the host work of a 1-token step; what every plan must beat."""
         if self.budget is not None:
             return 1.0
-        return self.cost.greedy(self.cache) + self.host(1)
+        b = self.batch
+        if b <= 1.0:
+            return self.cost.greedy(self.cache) + self.host(1)
+        return self.cost(round(b), self.cache) / b + self.host(1)
 
     def record_host(self, q: int, seconds: float) -> None:
         """A step of ``q`` query tokens spent ``seconds`` outside its forward."""
@@ -293,14 +305,17 @@ class TreePlanner:
         return best_n
 
     def record(self, used, accepted: list[tuple[int, ...]], forward_tokens: int = 0,
-               forward_seconds: float = 0.0, cache_length: int | None = None) -> TreeShape | None:
-        """Count one step (its forward's size, time and cache length too); returns a new tree when it is
-        time to re-plan and the plan changed."""
+               forward_seconds: float = 0.0, cache_length: int | None = None, batch: int = 1,
+               batch_tokens: int = 0) -> TreeShape | None:
+        """Count one step (its forward's size, time and cache length too; in a batched forward, the
+        requests and query tokens of the whole forward); returns a new tree when it is time to
+        re-plan and the plan changed."""
         self.stats.record(used, accepted)
         if cache_length is not None:
             self.cache = cache_length
         if forward_tokens:
-            self.cost.observe(forward_tokens, forward_seconds, self.cache)
+            self.cost.observe(max(batch_tokens, forward_tokens), forward_seconds, self.cache)
+        self.batch = 1.0 if batch <= 1 and self.batch < 1.5 else 0.7 * self.batch + 0.3 * batch
         self.steps += 1
         if self.steps % self.every:
             return None

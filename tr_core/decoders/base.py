@@ -83,7 +83,8 @@ class ForwardRequest:
     tree mask ``[1, 1, q, past + q]`` (or one per layer type; None: causal), ``cache`` the KV cache
     holding ``past`` entries that the forward appends to.  ``draft`` is the decoder's own record of
     what it drafted, ``clock`` times its phases, ``started`` (``time.perf_counter()``) when the step
-    began."""
+    began.  ``batch``, ``batch_tokens``: the requests and query tokens of the forward that ran it, where
+    it was shared with other requests (tr_core.batching)."""
 
     input_ids: torch.Tensor
     position_ids: torch.Tensor
@@ -93,6 +94,8 @@ class ForwardRequest:
     clock: PhaseClock
     draft: Any = None
     started: float = 0.0
+    batch: int = 1  # requests in the forward that ran it (tr_core.batching), and their query tokens
+    batch_tokens: int = 0
 
 
 @torch.inference_mode()

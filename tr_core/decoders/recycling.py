@@ -396,7 +396,9 @@ class TokenRecyclingDecoder(PaperTokenRecycling):
             along, chain = state.tokens[state.path[1:]].tolist(), state.offer.tokens
             run = next((i for i, (a, b) in enumerate(zip(chain, along)) if a != b), min(len(chain), len(along)))
             self.planner.record_lookup(state.offer.key, len(chain), run)
-        new = self.planner.record(state.drafted(), accepted, state.size, forward, request.past)
+        new = self.planner.record(state.drafted(), accepted, state.size, forward, request.past,
+                                  request.batch, request.batch_tokens)
         if new is not None:
             self.set_tree(new)
-        self.planner.record_host(state.size, time.perf_counter() - request.started - forward)
+        self.planner.record_host(state.size, time.perf_counter() - request.started - forward
+                                 - request.clock.seconds.get("queue", 0.0))
