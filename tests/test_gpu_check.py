@@ -49,6 +49,8 @@ def check_no_weights_sections(r: dict) -> None:
     assert c["planner"]["tree_nodes"] >= 0 and "PROJECTED" in c["projection"]["note"]
     assert r["dtype_rule"]["dtype"] == "float32" and "CPU" in r["dtype_rule"]["reason"]
     assert set(r["batching"]["by_batch"]) == {"1", "8", "32"}
+    assert r["batching"]["class"]["projection"] and r["batching"]["class"]["tabs"] == 30
+    assert r["batching"]["class"]["steps_per_s_batched"] > 0
     e = r["environment"]
     assert e["torch"] and e["transformers"] and e["device"] == "cpu"
 

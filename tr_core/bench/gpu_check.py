@@ -23,7 +23,8 @@ is a folder made by ``gpu_prepare`` (its parts are joined and checked, its ``ggu
   each way of running grouped-query attention under a mask; the tree the planner picks; the
   **projected** speedup from it and from the model's measured acceptance (projections, not timings);
 * ``dtype_rule``: the dtype the rule of ``tr_core.devices`` picks for that model here, and why;
-* ``batching``: a forward's cost over its total tokens for batches of 1, 8 and 32 trees.
+* ``batching``: a packed forward's cost over its total tokens for 1, 8 and 32 tabs' trees, and a
+  class of 30's steps per second projected from them.
 
 ``--device cpu --shapes small`` runs all of it on any machine in about a minute (the suite does).
 The app's own check (three Steps through ``gradio_client``) needs Gradio and lives with the app:
@@ -331,11 +332,14 @@ def check_dtype_rule(dev, config) -> dict:
 
 
 def check_batching(big, repeats: int, cache: int) -> dict:
-    """Seconds of one forward of ``b`` chain trees of ``BATCH_TREE`` tokens over ``cache`` cached
-    tokens each, for b in ``BATCHES``; and per token."""
+    """Seconds of one packed forward (:func:`tr_core.batching.run_forwards`) of ``b`` tabs' chain trees
+    of ``BATCH_TREE`` tokens, each over its own cache of ``cache`` tokens, for b in ``BATCHES``; per
+    token; and, as a projection from these, a class of ``CLASS`` tabs' steps per second."""
     import torch
 
-    from ..devices import synchronize
+    from ..batching import run_forwards
+    from ..decoders.base import ForwardRequest, PhaseClock
+    from ..devices import release_device_memory, synchronize
     from ..trees import TreeTensors
 
     out = {}
@@ -345,32 +349,51 @@ def check_batching(big, repeats: int, cache: int) -> dict:
     tree = TreeTensors.from_parents(list(range(-1, q - 1)), list(range(q)), dev, big.dtype)
     for b in BATCHES:
         try:
-            ids = torch.randint(100, big.vocab_size, (b, cache + q), generator=gen).to(dev)
-            mask = big.tree_masks(tree, cache)
-            if not torch.is_tensor(mask):
-                return {"skipped": "per-layer masks"}
-            mask = mask.expand(b, *mask.shape[1:])
-            pos = tree.position_ids(cache).expand(b, q)
-            cache_obj = big.new_cache()
-            with torch.inference_mode():
-                big.model(input_ids=ids[:, :cache], use_cache=True, logits_to_keep=1, **{big.cache_arg: cache_obj})
-                times = []
-                for r in range(repeats + 1):
-                    synchronize(dev)
-                    t0 = time.perf_counter()
-                    big.model(input_ids=ids[:, cache:], position_ids=pos, attention_mask=mask, use_cache=True,
-                              logits_to_keep=q, **{big.cache_arg: cache_obj})
-                    synchronize(dev)
-                    if r:
-                        times.append(time.perf_counter() - t0)
-                    cache_obj.crop(-q)
+            requests = []
+            for _ in range(b):
+                ids = torch.randint(100, big.vocab_size, (1, cache + q), generator=gen).to(dev)
+                own = big.new_cache()
+                with torch.inference_mode():
+                    big.model(input_ids=ids[:, :cache], use_cache=True, logits_to_keep=1, **{big.cache_arg: own})
+                requests.append(ForwardRequest(ids[:, cache:], tree.position_ids(cache), big.tree_masks(tree, cache),
+                                               own, cache, PhaseClock(dev)))
+            times = []
+            for r in range(repeats + 1):
+                synchronize(dev)
+                t0 = time.perf_counter()
+                run_forwards(big, requests)
+                synchronize(dev)
+                if r:
+                    times.append(time.perf_counter() - t0)
+                for request in requests:
+                    request.cache.crop(-q)
             s = sorted(times)[len(times) // 2]
             out[str(b)] = {"total_tokens": b * q, "seconds": s, "per_token": s / (b * q)}
-            del cache_obj
+            del requests
         except torch.OutOfMemoryError:
+            release_device_memory(dev)
             out[str(b)] = {"skipped": "out of memory"}
             break
-    return {"cache": cache, "tree_tokens": q, "by_batch": out}
+    return {"cache": cache, "tree_tokens": q, "by_batch": out, "class": class_projection(out)}
+
+
+CLASS = 30  # the class the projection is for
+
+
+def class_projection(by_batch: dict) -> dict | None:
+    """Steps per second of ``CLASS`` tabs stepping together: every tab's tree in one forward, its cost
+    interpolated (linearly in total tokens) from the measured batches; against the tabs' trees run one
+    forward each.  A projection from measured forwards, not a measured class."""
+    points = sorted((v["total_tokens"], v["seconds"]) for v in by_batch.values() if "seconds" in v)
+    if len(points) < 2:
+        return None
+    (x0, y0), (x1, y1) = points[-2], points[-1]
+    q = points[0][0]
+    tokens = CLASS * q
+    together = y1 + (y1 - y0) * (tokens - x1) / (x1 - x0) if tokens > x1 else y1
+    alone = points[0][1]
+    return {"tabs": CLASS, "projection": True, "steps_per_s_batched": CLASS / together,
+            "steps_per_s_one_at_a_time": 1 / alone, "gain": alone * CLASS / together}
 
 
 # ---- the command ----------------------------------------------------------------------------------
@@ -545,7 +568,12 @@ def format_report(r: dict) -> str:
     if "by_batch" in b:
         cells = "  ".join(f"b={k}: {v['seconds'] * 1e3:.1f} ms ({v['per_token'] * 1e6:.0f} us/token)"
                           if "seconds" in v else f"b={k}: {v}" for k, v in b["by_batch"].items())
-        lines.append(f"batching ({b['tree_tokens']}-token trees over {b['cache']} cached): {cells}")
+        lines.append(f"batching ({b['tree_tokens']}-token trees over {b['cache']} cached each): {cells}")
+        c = b.get("class")
+        if c:
+            lines.append(f"a class of {c['tabs']} (projection from these forwards): {c['steps_per_s_batched']:.1f} "
+                         f"steps/s with every tab's tree in one forward, {c['steps_per_s_one_at_a_time']:.1f} one "
+                         f"at a time ({c['gain']:.1f}x)")
     for name, v in r.get("parts", {}).items():
         lines.append(f"{name}: {v}")
     return "\n".join(lines)
