@@ -32,10 +32,10 @@ def test_a_failed_model_switch_keeps_the_run_shown(hub):
     text = sess.views()[3]
     out = h.step(None, PROMPT, "nobody/nothing-7b", *ARGS[1:], False, sess)
     assert "The run shown stays" in out[-1]
-    assert sess.race is None and len(sess.view().steps) == 2 and sess.views()[3] == text  # detached, the same
+    assert sess.live.race is None and len(sess.view().steps) == 2 and sess.views()[3] == text  # detached, the same
     assert "step 2 of 2" in out[-2].label
     out = h.step(None, PROMPT, *ARGS, False, sess)  # the model that loads: a new run, from step 1
-    assert len(sess.view().steps) == 1 and sess.kept is None
+    assert len(sess.view().steps) == 1 and sess.live.kept is None
 
 
 def test_the_browsers_copy_of_a_tab_brings_back_its_prompt_settings_and_run(hub):
