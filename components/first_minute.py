@@ -51,12 +51,12 @@ def first_steps(hub, text: str, steps: int, start: str, warm_file: str | None):
     (``Session``) and the counters' figures after its last step."""
     from tr_core.decoders.recycling import DEFAULT_LOOKUP, DEFAULT_TREE
 
-    from .handlers import make_settings
-    from .session import METHODS, PAGE_TOKENS, Session
+    from .session import METHODS, PAGE_TOKENS, Session, Settings
 
     sess = Session.starting_from(warm_file=warm_file)
-    settings = make_settings("embedded", DEFAULT_TREE, 8, PAGE_TOKENS, True, DEFAULT_LOOKUP > 0,
-                             next(iter(METHODS)), start=start)
+    settings = Settings.from_inputs(dict(model="embedded", tree=DEFAULT_TREE, k=8, max_new_tokens=PAGE_TOKENS,
+                                         hot_start=True, lookup=DEFAULT_LOOKUP > 0, method=next(iter(METHODS)),
+                                         start=start))
     for _ in range(steps):
         sess.step(hub, text, settings, 256)
         if sess.live.race.done:  # a further press would start the prompt again

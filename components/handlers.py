@@ -2,7 +2,9 @@
 
 Every handler takes the tab's ``Session`` (``gr.State``) and returns it with every panel redrawn
 (``VIEW`` outputs), so a live race, a run recorded on ZeroGPU (``components.recorded``) and a replayed
-run file go through the same code.
+run file go through the same code.  The stepping handlers take their inputs by name (``app.wire``
+passes them as ``inputs_kwargs``): ``sess``, ``prompt``, ``teach``, and the settings fields
+(``SETTINGS_FIELDS``) gathered in ``**settings`` and read by ``Settings.from_inputs``.
 """
 from __future__ import annotations
 
@@ -12,7 +14,6 @@ from dataclasses import replace
 import gradio as gr
 import torch
 
-from tr_core.decoders.recycling import DEFAULT_LOOKUP
 from tr_core.devices import oom_message, release_device_memory
 from tr_core.models import ModelLoadError
 
@@ -37,13 +38,6 @@ def error_text(err: BaseException, header: dict | None = None) -> str:
                 "This session was reset (the run shown stays).")
     return (f"⚠️ Something went wrong ({type(err).__name__}: {err}); this session was reset "
             "(the run shown stays).")
-
-
-def make_settings(model, tree, k, max_new, hot, lookup, method, temperature=0.0, top_p=1.0, seed=0,
-                  start="hot") -> Settings:
-    return Settings(str(model or ""), str(tree or "default"), int(k or 8), int(max_new) if max_new is not None else 0,
-                    bool(hot), DEFAULT_LOOKUP if lookup else 0, METHODS.get(method, str(method)), float(temperature or 0.0),
-                    float(top_p if top_p is not None else 1.0), int(seed or 0), COLD if start == COLD else "hot")
 
 
 class Handlers:
@@ -162,10 +156,9 @@ class Handlers:
         gr.Warning(text.removeprefix("⚠️ "), duration=TOAST_S)  # brief: the status line keeps the words
         return self.render(sess, text)
 
-    # ---- model work -------------------------------------------------------------------------
-    def step(self, request: gr.Request, prompt, *args):
+    # ---- model work: inputs by name (sess, prompt, teach, and the settings fields in **settings) ------
+    def step(self, request: gr.Request, sess: Session | None, prompt: str = "", teach: bool = False, **settings):
         """One step (in Teach mode: shown from its first frame)."""
-        *rest, teach, sess = args
         sess = self.session(sess, request)
         if sess.replay is not None:  # an opened run: its next recorded step
             sess.replay_next(teach)
@@ -173,7 +166,7 @@ class Handlers:
         if self.show_held(sess, teach):
             return self.render(sess)
         try:
-            s = make_settings(*rest)
+            s = Settings.from_inputs(settings)
             with sess.flight.working():
                 self.advance(sess, prompt, s)
             sess.cursor.frame = 1 if teach else 0
@@ -181,16 +174,16 @@ class Handlers:
         except Exception as err:
             return self.failed(sess, err)
 
-    def run_live(self, request: gr.Request, prompt, *args):
+    def run_live(self, request: gr.Request, sess: Session | None, prompt: str = "", teach: bool = False,
+                 **settings):
         """“Run its prompt live”: the opened run's prompt (not the box's), with its method, run with the model
         from step 1 (the prompt box then shows that prompt: :meth:`replay_controls`)."""
-        *rest, teach, sess = args
         sess = self.session(sess, request)
         replay = sess.replay
         if replay is None:
             return self.render(sess, "There is no opened run to run live: Step runs the prompt in the box.")
         try:
-            s = replace(make_settings(*rest),
+            s = replace(Settings.from_inputs(settings),
                         method=replay.method if replay.method in METHODS.values() else "tr")
         except (TypeError, ValueError) as err:
             return self.failed(sess, UserError(str(err)))
@@ -206,22 +199,23 @@ class Handlers:
         except Exception as err:
             return self.failed(sess, err)
 
-    def run_start(self, request: gr.Request, prompt, *args):
+    def run_start(self, request: gr.Request, sess: Session | None, prompt: str = "", teach: bool = False,
+                  **settings):
         """Run to end on the page (whole steps, Teach mode or not): the first step now, then one step per
         tick of the run timer (:meth:`run_tick`), each a queued event of its own, so other tabs' steps go
         in between."""
-        *rest, _teach, sess = args
         sess = self.session(sess, request)
         sess.flight.stop, sess.cursor.frame = False, 0
-        out = self.step(request, prompt, *rest, False, sess)
+        out = self.step(request, sess, prompt, False, **settings)
         sess = out[0]
         sess.flight.running = sess.stepping()  # the ticks step this run (or replay), whatever the fields say
         going = sess.in_progress and not out[-1].startswith("⚠️") and not sess.flight.stop
         return (*out, gr.Timer(active=going), *ui_running(going))
 
-    def run_tick(self, request: gr.Request, prompt, *args):
-        """One step of Run to end; the run timer stops at the end, on Stop or Reset, or on an error."""
-        sess = self.session(args[-1], request)
+    def run_tick(self, request: gr.Request, sess: Session | None, **_edited):
+        """One step of Run to end; the run timer stops at the end, on Stop or Reset, or on an error.  The
+        prompt and settings fields are not read: the run goes on as it began."""
+        sess = self.session(sess, request)
         run = sess.flight.running
         if sess.flight.stop or run is None or sess.stepping() is not run or not sess.in_progress:
             sess.flight.running = None  # the run is over: its race (and model) is no longer held here
@@ -240,17 +234,16 @@ class Handlers:
         sess.flight.running = None
         return (*out, gr.Timer(active=False), *ui_running(False))
 
-    def run(self, request: gr.Request, prompt, *args):
+    def run(self, request: gr.Request, sess: Session | None, prompt: str = "", teach: bool = False, **settings):
         """Decode to the end in one call (the API's ``do_run``; the page's Run to end steps one queued
         event at a time: :meth:`run_start`), a step per redraw, until done, Stop, Reset or the tab goes away."""
-        *rest, _teach, sess = args
         sess = self.session(sess, request)
         sess.flight.stop, sess.cursor.frame, sess.replay = False, 0, None
         # Held across each yield: Gradio resumes a generator only once its last output went to the page,
         # so Reset (which waits while the tab is working) always draws after this run's last redraw.
         with sess.flight.working():
             try:
-                self.advance(sess, prompt, make_settings(*rest))
+                self.advance(sess, prompt, Settings.from_inputs(settings))
                 run = sess.current()
                 yield self.render(sess)
                 while not sess.closed and not sess.flight.stop and sess.current() is run and sess.in_progress:
@@ -264,13 +257,12 @@ class Handlers:
             except Exception as err:
                 yield self.failed(sess, err)
 
-    def tick(self, request: gr.Request, prompt, *args):
+    def tick(self, request: gr.Request, sess: Session | None, prompt: str = "", teach: bool = False, **settings):
         """Play: the next frame in Teach mode, else the next step; stops at the end or on an error."""
-        *rest, teach, sess = args
         if sess is not None and sess.flight.stop:  # a tick queued behind Stop or Reset draws nothing new
             return (*self.render(sess), gr.Timer(active=False), gr.Button(value="▶ Play"))
         shown = self.shown_now(sess)
-        out = self.next_frame(request, prompt, *args) if teach else self.step(request, prompt, *args)
+        out = (self.next_frame if teach else self.step)(request, sess, prompt, teach, **settings)
         sess = out[0]
         if sess.flight.stop:  # Pause, Stop or Reset came while this step ran: it is not drawn (Step shows it)
             said = self.hold(sess, shown, "Paused")
@@ -282,10 +274,10 @@ class Handlers:
         sess.flight.playing = False
         return (*out, gr.Timer(active=False), gr.Button(value="▶ Play"))
 
-    def next_frame(self, request: gr.Request, prompt, *args):
+    def next_frame(self, request: gr.Request, sess: Session | None, prompt: str = "", teach: bool = True,
+                   **settings):
         """Teach mode's Next phase: retrieve → verify → accept → recycle, then the next step (``teach`` is
         not read: Phase ▶ walks the frames whatever the box says)."""
-        *rest, teach, sess = args
         sess = self.session(sess, request)
         view, c = sess.view(), sess.cursor
         if view is not None and 0 < c.frame < 4:
@@ -297,7 +289,7 @@ class Handlers:
         if sess.replay is not None:
             return self.render(sess, "The end of the replay: the history slider goes back; “Run its prompt live” "
                                      "runs it with the model.")
-        return self.step(request, prompt, *rest, True, sess)
+        return self.step(request, sess, prompt, True, **settings)
 
     # ---- no model work ----------------------------------------------------------------------
     @staticmethod
@@ -424,23 +416,24 @@ class Handlers:
         except UserError as err:
             return sess, gr.File(visible=False), error_text(err)
 
-    def load_matrix(self, request: gr.Request, file, *args):
-        *rest, sess = args
+    def load_matrix(self, request: gr.Request, sess: Session | None, file=None, **settings):
+        """"Load matrix": the file, for the model the settings name."""
         sess = self.session(sess, request)
         try:
-            sess.load_matrix(self.hub, file if isinstance(file, str) else file.name, make_settings(*rest))
+            s = Settings.from_inputs(settings)
+            sess.load_matrix(self.hub, file if isinstance(file, str) else file.name, s)
             return self.render(sess, "Matrix loaded: the next step drafts from it.")
         except UserError as err:
             return self.failed(sess, err)
 
-    def settings_changed(self, sess: Session | None, prompt, *settings):
+    def settings_changed(self, sess: Session | None, prompt: str = "", **settings):
         """A setting changed while a run is shown: the status says that the next Step starts a new
         run (the one shown stays until then); else nothing to say."""
         began = sess.live.started_with if sess is not None else None
         if sess is None or sess.current() is None or began is None:
             return gr.skip()
         try:
-            new = make_settings(*settings)
+            new = Settings.from_inputs(settings)
         except (TypeError, ValueError):
             return gr.skip()
         if (prompt, new) == began:

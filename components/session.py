@@ -8,9 +8,11 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from enum import Enum
 from pathlib import Path
+from typing import Mapping
 
 from tr_core import AdjacencyMatrix, GreedyDecoder, MatrixFileError, TokenRecyclingDecoder
 from tr_core.decoders import DecodeError, ProgressiveTreeDecoder
+from tr_core.decoders.recycling import DEFAULT_LOOKUP
 from tr_core.models import LoadedModel, ModelLoadError
 from tr_core.planner import TreePlanner
 from tr_core.progressive import PTDConfig
@@ -59,6 +61,21 @@ class Settings:
     seed: int = 0
     start: str = "hot"  # TR's matrix at a new tab's first step: "hot" (warmed, or the server's file) or COLD
 
+    @classmethod
+    def from_inputs(cls, values: Mapping[str, object]) -> Settings:
+        """The settings from the page's fields by name (``SETTINGS_FIELDS``), as the page shows them: the
+        Method box's label, the lookup checkbox; a field not given reads as empty, an unknown name is refused."""
+        unknown = set(values) - set(SETTINGS_FIELDS)
+        if unknown:
+            raise TypeError(f"Not a settings field: {sorted(unknown)}")
+        v = values.get
+        max_new, top_p, method = v("max_new_tokens"), v("top_p"), v("method")
+        return cls(model=str(v("model") or ""), tree=str(v("tree") or "default"), k=int(v("k") or 8),
+                   max_new_tokens=int(max_new) if max_new is not None else 0, hot_start=bool(v("hot_start")),
+                   lookup=DEFAULT_LOOKUP if v("lookup") else 0, method=METHODS.get(method, str(method)),
+                   temperature=float(v("temperature") or 0.0), top_p=float(top_p if top_p is not None else 1.0),
+                   seed=int(v("seed") or 0), start=COLD if v("start") == COLD else "hot")
+
     def sampling(self) -> SamplingConfig | None:
         if not self.temperature:
             return None
@@ -78,7 +95,7 @@ class Settings:
             raise UserError(f"k must be between 1 and 8 (got {self.k}).")
 
 
-# The settings fields of the page, in the order of app.wire's inputs (a reload restores them by name)
+# The settings fields of the page by name: the handlers' keyword inputs (app.wire), the fields a reload restores
 SETTINGS_FIELDS = ("model", "tree", "k", "max_new_tokens", "hot_start", "lookup", "method", "temperature", "top_p",
                    "seed", "start")
 

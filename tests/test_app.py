@@ -292,6 +292,27 @@ def test_busy_server_queues_with_positions_and_refuses_beyond_the_queue_size(hub
         demo.close()
 
 
+def test_settings_come_from_the_pages_fields_by_name():
+    from components.session import SETTINGS_FIELDS
+    from tr_core.decoders.recycling import DEFAULT_LOOKUP
+
+    s = Settings.from_inputs(dict(model="m", tree="tr-16", k=4, max_new_tokens=12, hot_start=True, lookup=True,
+                                  method="Progressive Tree Drafting (PTD)", temperature=0.5, seed=3, start="cold"))
+    assert s == Settings("m", "tr-16", 4, 12, True, DEFAULT_LOOKUP, "ptd", 0.5, 1.0, 3, "cold")
+    assert Settings.from_inputs({}) == Settings.from_inputs(dict.fromkeys(SETTINGS_FIELDS))  # not given: empty
+    with pytest.raises(TypeError, match="max_new"):
+        Settings.from_inputs({"max_new": 12})  # a name the settings do not have is refused, not dropped
+
+
+def test_the_api_names_its_parameters_in_the_pages_order():
+    from app import build_app
+    from components.session import SETTINGS_FIELDS
+
+    endpoints = build_app(ModelHub()).get_api_info()["named_endpoints"]
+    for name in ("/do_step", "/do_run"):
+        assert [p["parameter_name"] for p in endpoints[name]["parameters"]] == ["prompt", *SETTINGS_FIELDS, "teach"]
+
+
 def test_a_session_keeps_its_planner_across_runs_like_its_matrix(tiny_lm):
     import dataclasses
 

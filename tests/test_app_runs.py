@@ -77,7 +77,7 @@ def test_history_frames_and_linked_views(hub):  # noqa: F811
                                                          list(t.marker.color or []))}
     assert "#2e9d4f" not in kinds  # retrieve: nothing accepted yet
     for frame in (2, 3, 4):
-        out = h.next_frame(None, PROMPT, *[None] * 10, True, sess)
+        out = h.next_frame(None, sess, PROMPT, teach=True)
         assert sess.cursor.frame == frame
     assert "ph-now" in out[7] and "recycle" in out[7].split("ph-now")[1][:40].lower()
     assert "after" in out[3].layout.title.text
@@ -218,20 +218,21 @@ def test_a_step_that_ends_after_pause_or_stop_is_not_drawn(hub):  # noqa: F811
     from tr_core.models import EMBEDDED_LABEL
 
     h = Handlers(hub, 256)
-    args = [EMBEDDED_LABEL, "paper-80", 8, 24, True, False, "Token Recycling (TR)", 0.0, 1.0, 0, "hot"]
-    sess = h.step(None, PROMPT, *args, False, None)[0]
+    page = dict(model=EMBEDDED_LABEL, tree="paper-80", k=8, max_new_tokens=24, hot_start=True, lookup=False,
+                method="Token Recycling (TR)", temperature=0.0, top_p=1.0, seed=0, start="hot")
+    sess = h.step(None, None, PROMPT, **page)[0]
     advance = h.advance
 
     def pressed_meanwhile(s, prompt, settings_):  # the step runs, and Pause comes before it ends
         advance(s, prompt, settings_)
         s.flight.stop = True
     h.advance = pressed_meanwhile
-    out = h.tick(None, PROMPT, *args, False, sess)
+    out = h.tick(None, sess, PROMPT, **page)
     assert len(sess.view().steps) == 2 and sess.cursor.shown == 1 and "step 1 of 2" in out[-4].label
     assert "Step 1:" in out[1].layout.title.text and "Paused at step 1" in out[-3]
     assert out[-2].active is False  # Play's timer stops
     h.advance = advance
-    out = h.step(None, PROMPT, *args, False, sess)  # Step shows the step kept back, no model work
+    out = h.step(None, sess, PROMPT, **page)  # Step shows the step kept back, no model work
     assert len(sess.view().steps) == 2 and "Step 2:" in out[1].layout.title.text
     # Run to end: Stop while a tick's step runs
     sess.flight.stop, sess.flight.running = False, sess.current()
@@ -241,5 +242,5 @@ def test_a_step_that_ends_after_pause_or_stop_is_not_drawn(hub):  # noqa: F811
         step_of(run)
         sess.flight.stop = True
     sess.next_step = stopped_meanwhile
-    out = h.run_tick(None, PROMPT, *args, False, sess)
+    out = h.run_tick(None, sess, prompt=PROMPT, **page)
     assert len(sess.view().steps) == 3 and "Step 2:" in out[1].layout.title.text and "Stopped at step 2" in out[-6]

@@ -120,7 +120,7 @@ def test_a_model_switch_after_run_to_end_frees_the_old_model(monkeypatch):
     assert old() is None and mine.flight.running is None and other.flight.running is None
     mine.flight.running = mine.current()
     mine.flight.stop = True
-    h.run_tick(None, "w3 w4 w5", mine)  # the run's last tick: nothing holds it any more
+    h.run_tick(None, mine, prompt="w3 w4 w5")  # the run's last tick: nothing holds it any more
     assert mine.flight.running is None
 
 

@@ -96,8 +96,9 @@ def test_a_page_tree_over_the_cap_is_refused_with_the_cap_named(hub):  # noqa: F
 @pytest.mark.parametrize("tokens", [0, 100000])
 def test_out_of_range_token_counts_get_a_message(hub, tokens):  # noqa: F811
     h = Handlers(hub, 256)
-    args = ("embedded", "auto", 8, tokens, True, True, "Token Recycling (TR)", 0, 1, 0, "hot")
-    out = h.step(None, PROMPT, *args, False, None)
+    page = dict(model="embedded", tree="auto", k=8, max_new_tokens=tokens, hot_start=True, lookup=True,
+                method="Token Recycling (TR)", temperature=0, top_p=1, seed=0, start="hot")
+    out = h.step(None, None, PROMPT, **page)
     assert "between 1 and 256" in out[-1]
 
 
@@ -139,12 +140,13 @@ def test_the_sampling_sentence_compares_the_texts_before_it_speaks():
 
 def test_a_settings_change_says_the_next_step_starts_a_new_run(hub):  # noqa: F811
     h = Handlers(hub, 256)
-    base = ("embedded", "auto", 8, 24, True, True, "Token Recycling (TR)", 0, 1, 0, "hot")
-    sess = h.step(None, PROMPT, *base, False, None)[0]
-    assert h.settings_changed(sess, PROMPT, *base) == sess.message  # nothing changed: nothing new to say
-    said = h.settings_changed(sess, PROMPT, *base[:-1], "cold")
+    base = dict(model="embedded", tree="auto", k=8, max_new_tokens=24, hot_start=True, lookup=True,
+                method="Token Recycling (TR)", temperature=0, top_p=1, seed=0, start="hot")
+    sess = h.step(None, None, PROMPT, **base)[0]
+    assert h.settings_changed(sess, PROMPT, **base) == sess.message  # nothing changed: nothing new to say
+    said = h.settings_changed(sess, PROMPT, **{**base, "start": "cold"})
     assert "next Step starts a new run" in said and "cold start" in said
-    said = h.settings_changed(sess, PROMPT, *base[:7], 0.7, 1, 0, "hot")
+    said = h.settings_changed(sess, PROMPT, **{**base, "temperature": 0.7})
     assert "next Step starts a new run" in said
     assert sess.live.race.decoder.steps  # the run shown stays until then
 
@@ -158,8 +160,8 @@ def test_a_tab_whose_first_event_draws_nothing_still_starts_hot(hub, first):  # 
                    "prev_frame": lambda: h.prev_frame(None), "pick_node": lambda: h.pick_node("1:0", None),
                    "pick_token": lambda: h.pick_token("0:1", None)}[first]
     sess = first_event()[0]
-    out = h.step(None, PROMPT, "embedded", "auto", 8, 12, True, True, "Token Recycling (TR)", 0, 1, 0, "hot",
-                 True, sess)
+    out = h.step(None, sess, PROMPT, teach=True, model="embedded", tree="auto", k=8, max_new_tokens=12, hot_start=True,
+                 lookup=True, method="Token Recycling (TR)", temperature=0, top_p=1, seed=0, start="hot")
     assert out[0] is sess and "warmed on" in sess.live.header["matrix_start"] and sess.cursor.frame == 1
 
 
@@ -175,41 +177,43 @@ def test_step_on_a_replay_walks_its_recording_and_run_live_runs_its_prompt(hub):
     assert "Replay of" in out[-1]  # a slider move: the status still speaks of the replay, not "Reset."
     out = h.prev_frame(sess)
     assert "Replay of" in out[-1] and sess.cursor.shown == 1
-    args = ("embedded", "auto", 8, 12, True, True, "Token Recycling (TR)")
-    out = h.step(None, "a prompt typed meanwhile", *args, False, sess)  # Step walks the recording
+    page = dict(model="embedded", tree="auto", k=8, max_new_tokens=12, hot_start=True, lookup=True,
+                method="Token Recycling (TR)")
+    out = h.step(None, sess, "a prompt typed meanwhile", **page)  # Step walks the recording
     assert sess.replay is not None and sess.live.race is None and sess.cursor.shown == 2
     assert f"Replay: step 2 of {total}" in out[-1]
     sess.cursor.shown = total
-    out = h.step(None, "", *args, False, sess)
+    out = h.step(None, sess, "", **page)
     assert sess.cursor.shown == total and "end of the replay" in out[-1] and not sess.in_progress
-    out = h.run_live(None, "a prompt typed meanwhile", *args, False, sess)  # the named action
+    out = h.run_live(None, sess, "a prompt typed meanwhile", **page)  # the named action
     assert sess.replay is None and sess.live.started_with[0] == prompt  # a live run of the replay's prompt
     assert sess.live.started_with[1].method == "ptd" and len(sess.live.race.decoder.steps) == 1  # with its method
     assert "live run of the opened run's prompt" in out[-1]
     box = h.replay_controls(sess, "a prompt typed meanwhile", live=True)
     assert box[0] == "Progressive Tree Drafting (PTD)" and box[2] == prompt  # asked for by name: the box shows it
-    out = h.step(None, prompt, "embedded", "auto", 8, 12, True, True, "Progressive Tree Drafting (PTD)", False, sess)
+    out = h.step(None, sess, prompt, **{**page, "method": "Progressive Tree Drafting (PTD)"})
     assert len(sess.live.race.decoder.steps) == 2  # the box's prompt goes on with that run
 
 
 def test_run_to_end_takes_one_step_per_event_and_stops_at_the_end_or_on_reset(hub):  # noqa: F811
     h = Handlers(hub, 256)
-    args = ("embedded", "tr-16", 8, 12, True, True, "Token Recycling (TR)")
-    out = h.run_start(None, PROMPT, *args, False, None)
+    page = dict(model="embedded", tree="tr-16", k=8, max_new_tokens=12, hot_start=True, lookup=True,
+                method="Token Recycling (TR)")
+    out = h.run_start(None, None, PROMPT, **page)
     sess = out[0]
     assert len(sess.live.race.decoder.steps) == 1 and out[-5].active  # the first step, and the timer on
     ticks = 0
     while sess.in_progress:
-        out = h.run_tick(None, PROMPT, *args, False, sess)
+        out = h.run_tick(None, sess, prompt=PROMPT, **page)
         ticks += 1
     assert ticks == len(sess.live.race.decoder.steps) - 1  # one step per tick
     assert not out[-5].active and "Done" in out[-6]
-    out = h.run_start(None, "Name a fruit.", *args, False, sess)
+    out = h.run_start(None, sess, "Name a fruit.", **page)
     run = sess.live.race
-    out = h.run_tick(None, "Something else typed meanwhile.", *args[:2], 4, *args[3:], False, sess)
+    out = h.run_tick(None, sess, prompt="Something else typed meanwhile.", **{**page, "k": 4})
     assert sess.live.race is run and len(run.decoder.steps) == 2  # edits while it runs never replace the run
     h.reset(None, sess)
-    late = h.run_tick(None, "Name a fruit.", *args, False, sess)  # a tick queued before Reset
+    late = h.run_tick(None, sess, prompt="Name a fruit.", **page)  # a tick queued before Reset
     assert sess.current() is None and late[-6] == "Reset." and not late[-5].active
 
 

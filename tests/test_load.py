@@ -10,8 +10,7 @@ import threading
 import pytest
 
 from components.model_hub import ModelHub
-from components.handlers import make_settings
-from components.session import SHIPPED_MATRIX, Session
+from components.session import SETTINGS_FIELDS, SHIPPED_MATRIX, Session, Settings
 from tr_core.models import EMBEDDED_LABEL
 
 from .conftest import free_port
@@ -46,7 +45,7 @@ def alone(hub, i: int) -> str:
     """The output text panel the same session would show after STEPS steps with the server to itself."""
     prompt, *settings = args_for(i)
     sess = Session.starting_from(warm_file=str(SHIPPED_MATRIX))  # as the page makes a tab: the shipped hot start
-    s = make_settings(*settings)
+    s = Settings.from_inputs(dict(zip(SETTINGS_FIELDS, settings)))  # the API's values, in its order
     for _ in range(STEPS):
         if sess.live.race is not None and sess.live.race.done:
             break

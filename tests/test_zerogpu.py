@@ -147,7 +147,8 @@ def test_a_recorded_run_steps_through_history_teach_frames_run_files_and_reset(t
     h.history(2, sess)
     assert sess.view().clamp(sess.cursor.shown) == 2  # the history moves within what was shown
     sess.cursor.frame = 4
-    h.next_frame(None, "w3 w4 w5 w3 w4", "tiny", "auto", 8, 30, True, False, "Token Recycling (TR)", True, sess)
+    h.next_frame(None, sess, "w3 w4 w5 w3 w4", teach=True, model="tiny", tree="auto", k=8, max_new_tokens=30,
+                 hot_start=True, lookup=False, method="Token Recycling (TR)")
     assert sess.cursor.shown == 3 and sess.cursor.frame == 1 and calls == ["w3 w4 w5 w3 w4"]  # the next shown step, no GPU call
     h.prev_frame(sess)
     assert (sess.cursor.shown, sess.cursor.frame) == (2, 4)
