@@ -325,3 +325,24 @@ def test_a_session_keeps_its_planner_across_runs_like_its_matrix(tiny_lm):
     assert s.matrix_state.planner_for(tiny_lm, 8, hot_start=False) is first and not first.stats.trials  # cold: forgotten
     other = dataclasses.replace(tiny_lm)  # another model loaded: a planner of its own
     assert s.matrix_state.planner_for(other, 8, hot_start=True) is not first
+
+
+def test_where_the_matrix_came_from_is_data_and_its_note_is_derived(tiny_lm):
+    from components.session import MatrixOrigin, MatrixState, Origin
+
+    ms = MatrixState()  # no file fits the tiny model: zeros
+    ms.for_race(tiny_lm, 8, hot_start=True)
+    assert ms.origin == MatrixOrigin(Origin.EMPTY) and ms.origin.note() == "an empty matrix (none is shipped for this model)"
+    ms.for_race(tiny_lm, 8, hot_start=True)
+    assert ms.origin == MatrixOrigin(Origin.EMPTY, carried=True)
+    assert ms.origin.note().endswith(", then this tab's earlier prompts")
+    ms.for_race(tiny_lm, 8, hot_start=True)  # carried over again: said once
+    assert ms.origin.note().count("earlier prompts") == 1
+    ms.for_race(tiny_lm, 8, hot_start=True, cold=True)  # a hot start's matrix never carries into a cold start
+    assert ms.origin == MatrixOrigin(Origin.COLD) and ms.cold
+    ms.for_race(tiny_lm, 8, hot_start=True, cold=True)
+    assert ms.origin.note() == "cold start, then this tab's earlier prompts"
+    ms.empty()
+    assert ms.origin.kind is Origin.EMPTIED and ms.matrix.writes == 0
+    shipped = MatrixOrigin(Origin.SHIPPED, carried=True, detail="warmed on 40 calibration prompts")
+    assert shipped.note() == "hot start: a matrix warmed on 40 calibration prompts, then this tab's earlier prompts"
