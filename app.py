@@ -18,7 +18,7 @@ from components.handlers import Handlers, gpu_wrapped, ui_running
 from components.model_hub import ModelHub
 from components.recorded import Recorder, load_at_start_up
 from components.run_files import RunFiles, example_choices
-from components.session import COLD, METHODS, PAGE_TOKENS
+from components.session import COLD, METHODS, PAGE_TOKENS, SETTINGS_FIELDS
 from components.startup import warm_up
 from components.zerogpu import gpu_task
 from tr_core.decoders.recycling import DEFAULT_LOOKUP, DEFAULT_TREE
@@ -182,13 +182,14 @@ def compare_tab() -> dict:
 
 def wire(demo: gr.Blocks, h: Handlers, session, ui: dict, cmp: dict, hub: ModelHub, cap: int,
          recorder: Recorder | None = None) -> None:
-    """Events: model work in one concurrency group (one forward at a time); the rest answers at once."""
-    s, gpu, files = ui["settings"], gpu_wrapped(h), RunFiles(h)
-    settings_inputs = [s[k] for k in ("model", "tree", "k", "max_new", "hot", "lookup")] + [ui["method"]] + \
-        [s[k] for k in ("temperature", "top_p", "seed")] + [ui["start"]]
+    """Events: model work in one concurrency group (one forward at a time); the rest answers at once.
+    The stepping handlers take their inputs by name (``inputs_kwargs``), in the order of the API's
+    parameters: the prompt, the settings fields, Teach mode (and the tab's session, which the API hides)."""
+    gpu, files = gpu_wrapped(h), RunFiles(h)
+    settings_in = settings_inputs(ui)
     views = [session] + [ui[k] for k in ("tree", "draft", "heatmap", "text", "counters", "charts", "phases",
                                          "acceptance", "alt", "history", "status")]
-    step_in = [ui["prompt"], *settings_inputs, ui["teach"], session]
+    step_in = {"prompt": ui["prompt"], **settings_in, "teach": ui["teach"], "sess": session}
     # a step waiting for the model keeps the panels as they are; its place in the queue shows on the status line
     model = dict(concurrency_id="model", concurrency_limit=1)
     stepping = dict(model, show_progress_on=[ui["status"]])
@@ -203,21 +204,24 @@ def wire(demo: gr.Blocks, h: Handlers, session, ui: dict, cmp: dict, hub: ModelH
 
     for pressed in (ui["step"].click, ui["prompt"].submit, ui["run"].click, ui["play"].click):
         pressed(h.note_if_starting, None, None, show_progress="hidden")  # at once: not behind start-up
-    ui["step"].click(gpu["step"], step_in, views, api_name="do_step", **stepping).then(**prepare).then(**follow)
-    ui["live"].click(gpu["run_live"], step_in, views, **stepping).then(**prepare).then(
+    ui["step"].click(gpu["step"], inputs_kwargs=step_in, outputs=views, api_name="do_step", **stepping).then(
+        **prepare).then(**follow)
+    ui["live"].click(gpu["run_live"], inputs_kwargs=step_in, outputs=views, **stepping).then(**prepare).then(
         lambda sess: h.replay_controls(sess, live=True), session, replay_boxes, show_progress="hidden", queue=False)
-    ui["prompt"].submit(gpu["step"], step_in, views, **stepping).then(**prepare).then(**follow)
-    ui["next"].click(gpu["next_frame"], step_in, views, **stepping).then(**prepare)
+    ui["prompt"].submit(gpu["step"], inputs_kwargs=step_in, outputs=views, **stepping).then(**prepare).then(**follow)
+    ui["next"].click(gpu["next_frame"], inputs_kwargs=step_in, outputs=views, **stepping).then(**prepare)
     ui["prev"].click(h.prev_frame, session, views)
     # Run to end: the first step, then one per tick of its timer; between two of a tab's steps, other
     # tabs' queued steps run (no tab waits for another's whole run).  do_run: the whole run in one call (API).
     ui["run"].click(lambda: ui_running(True), None, buttons).then(  # at once: the run has begun
-        gpu["run_start"], step_in, views + [ui["run_timer"], *buttons], **stepping).then(**prepare).then(**follow)
-    ui["run_timer"].tick(gpu["run_tick"], step_in, views + [ui["run_timer"], *buttons], trigger_mode="once", js=SETTLE,
-                         **stepping).then(**prepare)
-    gr.Button(visible=False).click(gpu["run"], step_in, views, api_name="do_run", **model)
+        gpu["run_start"], inputs_kwargs=step_in, outputs=views + [ui["run_timer"], *buttons], **stepping).then(
+        **prepare).then(**follow)
+    ui["run_timer"].tick(gpu["run_tick"], inputs_kwargs=step_in, outputs=views + [ui["run_timer"], *buttons],
+                         trigger_mode="once", js=SETTLE, **stepping).then(**prepare)
+    gr.Button(visible=False).click(gpu["run"], inputs_kwargs=step_in, outputs=views, api_name="do_run", **model)
     ui["stop"].click(h.stop, session, [ui["timer"], ui["run_timer"], *buttons]).then(**prepare)
-    ui["timer"].tick(gpu["tick"], step_in, views + play, js=SETTLE, **stepping).then(**prepare).then(**follow)
+    ui["timer"].tick(gpu["tick"], inputs_kwargs=step_in, outputs=views + play, js=SETTLE, **stepping).then(
+        **prepare).then(**follow)
     ui["play"].click(h.toggle_play, [ui["play"], ui["speed"], session], play).then(**prepare)
     ui["speed"].change(lambda v: gr.Timer(value=1.0 / float(v)), ui["speed"], ui["timer"])
     # Reset queues with the steps: a step already running is drawn before it, never over it
@@ -233,20 +237,43 @@ def wire(demo: gr.Blocks, h: Handlers, session, ui: dict, cmp: dict, hub: ModelH
         lambda sess, typed, said: h.replay_controls(sess, typed, opened_file=not str(said).startswith("⚠️")),
         [session, ui["prompt"], ui["status"]], replay_boxes, show_progress="hidden", queue=False)
     ui["example_run"].input(files.example, [ui["example_run"], session], views).then(**prepare).then(**follow)
-    for field in settings_inputs:  # a change that must start a new run says so (the run shown stays)
-        field.input(h.settings_changed, [session, ui["prompt"], *settings_inputs], ui["status"])
+    wire_settings(h, session, ui, views, model)
+    wire_compare(h, ui, cmp, hub, cap, model, recorder)
+    if recorder is not None:  # ZeroGPU: the handlers stay in this process; their GPU work is one call each
+        warm = warm_or_say_handler(hub, curve_on_gpu=gpu_task(recorder.cost_curve), done=h)
+    else:
+        warm = gpu_task(warm_or_say_handler(hub, done=h))
+    demo.load(warm, None, ui["status"], **model)
+    # a new page, or a reload: the tab's prompt, settings and run come back (not the status: warm-up's)
+    demo.load(files.restore, [ui["kept"], session], views[:-1] + [ui["prompt"], *settings_in.values()])
+    demo.unload(h.on_unload)
+
+
+def wire_settings(h: Handlers, session, ui: dict, views: list, model: dict) -> None:
+    """A settings change says what the next Step does; the Method box shows TR's settings or not; the
+    matrix file's buttons."""
+    s, settings_in = ui["settings"], settings_inputs(ui)
+    for field in settings_in.values():  # a change that must start a new run says so (the run shown stays)
+        field.input(h.settings_changed, inputs_kwargs={"sess": session, "prompt": ui["prompt"], **settings_in},
+                    outputs=ui["status"])
     tr_only = [s["tree"], s["k"], s["hot"], s["lookup"], ui["start"]]
     ui["method"].change(lambda m: [gr.update(visible=METHODS.get(m) == "tr")] * len(tr_only) + [intro_for(m)],
                         ui["method"], tr_only + [ui["intro"]])
     s["reset_matrix"].click(h.reset_matrix, session, views, **model)
     s["save_matrix"].click(h.save_matrix, session, [session, s["matrix_file"], ui["status"]], **model)
-    s["load_matrix"].upload(h.load_matrix, [s["load_matrix"], *settings_inputs, session], views, **model)
-    if recorder is not None:  # ZeroGPU: the handlers stay in this process; their GPU work is one call each
+    s["load_matrix"].upload(h.load_matrix, inputs_kwargs={"sess": session, "file": s["load_matrix"], **settings_in},
+                            outputs=views, **model)
+
+
+def wire_compare(h: Handlers, ui: dict, cmp: dict, hub: ModelHub, cap: int, model: dict,
+                 recorder: Recorder | None) -> None:
+    """The Compare tab: the API's compare runs every method in one call; the page's a slice of work per
+    queued tick (ZeroGPU: one GPU call)."""
+    s = ui["settings"]
+    if recorder is not None:
         compare = compare_handler(hub, cap, rows_on_gpu=gpu_task(duration=recorder.compare_seconds)(recorder.compare))
-        warm = warm_or_say_handler(hub, curve_on_gpu=gpu_task(recorder.cost_curve), done=h)
     else:
-        compare, warm = gpu_task(compare_handler(hub, cap)), gpu_task(warm_or_say_handler(hub, done=h))
-    # the API's compare: every method in one call; the page's: a slice of work per queued tick (ZeroGPU: one call)
+        compare = gpu_task(compare_handler(hub, cap))
     cmp["api"].click(compare, [ui["prompt"], s["model"], s["max_new"]], [cmp["plot"], cmp["table"]],
                      api_name="compare", **model)
     if recorder is not None:
@@ -260,10 +287,13 @@ def wire(demo: gr.Blocks, h: Handlers, session, ui: dict, cmp: dict, hub: ModelH
                           **model)
         cmp["cancel"].click(steps.cancel, cmp["state"], [cmp["state"], cmp["table"], cmp["timer"], cmp["go"],
                                                          cmp["cancel"]], queue=False)
-    demo.load(warm, None, ui["status"], **model)
-    # a new page, or a reload: the tab's prompt, settings and run come back (not the status: warm-up's)
-    demo.load(files.restore, [ui["kept"], session], views[:-1] + [ui["prompt"], *settings_inputs])
-    demo.unload(h.on_unload)
+
+
+def settings_inputs(ui: dict) -> dict:
+    """The page's settings fields by name, in ``SETTINGS_FIELDS`` order (a reload restores them in it)."""
+    s = ui["settings"]
+    by_name = {**s, "max_new_tokens": s["max_new"], "hot_start": s["hot"], "method": ui["method"], "start": ui["start"]}
+    return {name: by_name[name] for name in SETTINGS_FIELDS}
 
 
 def warm_or_say_handler(hub: ModelHub, curve_on_gpu=None, done: Handlers | None = None):

@@ -51,17 +51,17 @@ def first_steps(hub, text: str, steps: int, start: str, warm_file: str | None):
     (``Session``) and the counters' figures after its last step."""
     from tr_core.decoders.recycling import DEFAULT_LOOKUP, DEFAULT_TREE
 
-    from .handlers import make_settings
-    from .session import METHODS, PAGE_TOKENS, Session
+    from .session import METHODS, PAGE_TOKENS, Session, Settings
 
-    sess = Session(warm_file=warm_file)
-    settings = make_settings("embedded", DEFAULT_TREE, 8, PAGE_TOKENS, True, DEFAULT_LOOKUP > 0,
-                             next(iter(METHODS)), start=start)
+    sess = Session.starting_from(warm_file=warm_file)
+    settings = Settings.from_inputs(dict(model="embedded", tree=DEFAULT_TREE, k=8, max_new_tokens=PAGE_TOKENS,
+                                         hot_start=True, lookup=DEFAULT_LOOKUP > 0, method=next(iter(METHODS)),
+                                         start=start))
     for _ in range(steps):
         sess.step(hub, text, settings, 256)
-        if sess.race.done:  # a further press would start the prompt again
+        if sess.live.race.done:  # a further press would start the prompt again
             break
-    return sess, sess.view().figures(len(sess.race.decoder.steps))
+    return sess, sess.view().figures(len(sess.live.race.decoder.steps))
 
 
 def own_categories(path: str) -> dict[str, str]:
@@ -144,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     for p in unseen:
         sess, f = first_steps(hub, p.text, args.steps, args.start, str(SHIPPED_MATRIX))
-        r = FirstSteps(p.question_id, own.get(p.question_id, p.category), len(sess.race.decoder.steps),
+        r = FirstSteps(p.question_id, own.get(p.question_id, p.category), len(sess.live.race.decoder.steps),
                        f["tr"]["mat"], f["speedup"])
         results.append(r)
         print(f"q{r.question_id:>4} {r.category:14} steps {r.steps} MAT {r.mat:.2f} speedup {r.speedup:.2f}x "

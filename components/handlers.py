@@ -2,7 +2,9 @@
 
 Every handler takes the tab's ``Session`` (``gr.State``) and returns it with every panel redrawn
 (``VIEW`` outputs), so a live race, a run recorded on ZeroGPU (``components.recorded``) and a replayed
-run file go through the same code.
+run file go through the same code.  The stepping handlers take their inputs by name (``app.wire``
+passes them as ``inputs_kwargs``): ``sess``, ``prompt``, ``teach``, and the settings fields
+(``SETTINGS_FIELDS``) gathered in ``**settings`` and read by ``Settings.from_inputs``.
 """
 from __future__ import annotations
 
@@ -12,7 +14,6 @@ from dataclasses import replace
 import gradio as gr
 import torch
 
-from tr_core.decoders.recycling import DEFAULT_LOOKUP
 from tr_core.devices import oom_message, release_device_memory
 from tr_core.models import ModelLoadError
 
@@ -37,13 +38,6 @@ def error_text(err: BaseException, header: dict | None = None) -> str:
                 "This session was reset (the run shown stays).")
     return (f"⚠️ Something went wrong ({type(err).__name__}: {err}); this session was reset "
             "(the run shown stays).")
-
-
-def make_settings(model, tree, k, max_new, hot, lookup, method, temperature=0.0, top_p=1.0, seed=0,
-                  start="hot") -> Settings:
-    return Settings(str(model or ""), str(tree or "default"), int(k or 8), int(max_new) if max_new is not None else 0,
-                    bool(hot), DEFAULT_LOOKUP if lookup else 0, METHODS.get(method, str(method)), float(temperature or 0.0),
-                    float(top_p if top_p is not None else 1.0), int(seed or 0), COLD if start == COLD else "hot")
 
 
 class Handlers:
@@ -76,7 +70,7 @@ class Handlers:
         slider move): its own copy of the shipped matrix, or the server's file."""
         if sess is not None:
             return sess
-        sess = Session(start_file=self.matrix_path, warm_file=str(SHIPPED_MATRIX))
+        sess = Session.starting_from(self.matrix_path, str(SHIPPED_MATRIX))
         if request is not None and request.session_hash:
             self.live[request.session_hash] = sess
         return sess
@@ -102,7 +96,7 @@ class Handlers:
     def free_idle(self, now: float | None = None) -> int:
         """Free the KV caches of tabs idle for ``IDLE_SECONDS``; how many were freed."""
         now = time.monotonic() if now is None else now
-        freed = sum(s.release_caches() for s in list(self.live.values()) if now - s.last_active > IDLE_SECONDS)
+        freed = sum(s.release_caches() for s in list(self.live.values()) if now - s.flight.last_active > IDLE_SECONDS)
         if freed:
             release_freed_memory()
             release_device_memory()
@@ -110,12 +104,12 @@ class Handlers:
 
     def advance(self, sess: Session, prompt, s: Settings) -> None:
         """One step of the tab's run, live or (ZeroGPU) recorded; every other tab's idle caches go."""
-        sess.last_active = time.monotonic()
+        sess.flight.touch()
         self.free_idle()
         if str(prompt or "").strip():
-            sess.borrowed_prompt = None
-        elif sess.borrowed_prompt is not None:
-            prompt = sess.borrowed_prompt  # the empty box goes on with the replay's prompt (Handlers.step)
+            sess.live.borrowed_prompt = None
+        elif sess.live.borrowed_prompt is not None:
+            prompt = sess.live.borrowed_prompt  # the empty box goes on with the replay's prompt (Handlers.step)
         if len(str(prompt or "")) > LONG_PROMPT and sess.needs_new_race(prompt, s):
             gr.Info(f"Reading the prompt ({len(prompt):,} characters) before the first step: the model reads all "
                     "of it in one forward pass, which takes a while for a long prompt.", duration=15)
@@ -138,14 +132,14 @@ class Handlers:
         """(session, *panels, history slider, status): status last, as the API has always had it.
         ``slider_value`` False: the slider keeps the value it has in the page (its own move drew this:
         a value sent back would pull a slider still moving back to where it was)."""
-        view = sess.view()
+        view, c = sess.view(), sess.cursor
         count = len(view.steps) if view else 0
-        shown = view.clamp(sess.shown) if view else 0
+        shown = view.clamp(c.shown) if view else 0
         value = {"value": max(shown, 1)} if slider_value else {}
         slider = gr.Slider(minimum=1, maximum=max(count, 2), step=1, interactive=count > 1,
                            label=f"History: step {shown} of {count}" if count else "History (steps appear here)",
                            **value)
-        return (sess, *draw_panels(view, shown, sess.frame, sess.picked), slider, message or sess.message)
+        return (sess, *draw_panels(view, shown, c.frame, c.picked), slider, message or sess.message)
 
     def failed(self, sess: Session, err: Exception) -> tuple:
         """Every failure becomes words in the page (and a toast); an unexpected one resets the session."""
@@ -153,7 +147,7 @@ class Handlers:
             return self.render(sess)  # Reset came first: its page stands
         if isinstance(err, gr.Error):  # e.g. ZeroGPU's own refusals (quota, a GPU task aborted): words, no reset
             err = UserError(str(getattr(err, "message", err)))
-        text = error_text(err, sess.header or self.model_facts())
+        text = error_text(err, sess.live.header or self.model_facts())
         if not isinstance(err, UserError):
             sess.reset(keep_run=True)
         if isinstance(err, torch.OutOfMemoryError):
@@ -162,10 +156,9 @@ class Handlers:
         gr.Warning(text.removeprefix("⚠️ "), duration=TOAST_S)  # brief: the status line keeps the words
         return self.render(sess, text)
 
-    # ---- model work -------------------------------------------------------------------------
-    def step(self, request: gr.Request, prompt, *args):
+    # ---- model work: inputs by name (sess, prompt, teach, and the settings fields in **settings) ------
+    def step(self, request: gr.Request, sess: Session | None, prompt: str = "", teach: bool = False, **settings):
         """One step (in Teach mode: shown from its first frame)."""
-        *rest, teach, sess = args
         sess = self.session(sess, request)
         if sess.replay is not None:  # an opened run: its next recorded step
             sess.replay_next(teach)
@@ -173,128 +166,130 @@ class Handlers:
         if self.show_held(sess, teach):
             return self.render(sess)
         try:
-            s = make_settings(*rest)
-            with sess.working():
+            s = Settings.from_inputs(settings)
+            with sess.flight.working():
                 self.advance(sess, prompt, s)
-            sess.frame = 1 if teach else 0
+            sess.cursor.frame = 1 if teach else 0
             return self.render(sess)
         except Exception as err:
             return self.failed(sess, err)
 
-    def run_live(self, request: gr.Request, prompt, *args):
-        """“Run its prompt live”: the opened run's prompt, with its method, run with the model from step 1
-        (the prompt box then shows that prompt: :meth:`replay_controls`)."""
-        *rest, teach, sess = args
+    def run_live(self, request: gr.Request, sess: Session | None, prompt: str = "", teach: bool = False,
+                 **settings):
+        """“Run its prompt live”: the opened run's prompt (not the box's), with its method, run with the model
+        from step 1 (the prompt box then shows that prompt: :meth:`replay_controls`)."""
         sess = self.session(sess, request)
         replay = sess.replay
         if replay is None:
             return self.render(sess, "There is no opened run to run live: Step runs the prompt in the box.")
         try:
-            s = replace(make_settings(*rest), method=replay.method if replay.method in METHODS.values() else "tr")
+            s = replace(Settings.from_inputs(settings),
+                        method=replay.method if replay.method in METHODS.values() else "tr")
         except (TypeError, ValueError) as err:
             return self.failed(sess, UserError(str(err)))
-        sess.replay, sess.shown, sess.borrowed_prompt = None, None, str(replay.header.get("prompt", ""))
+        sess.replay, sess.cursor.shown, sess.live.borrowed_prompt = None, None, str(replay.header.get("prompt", ""))
         label = next((k for k, v in METHODS.items() if v == s.method), s.method)
         sess.notice = f"A live run of the opened run's prompt with {label} (the run file is unchanged). "
-        sess.race = sess.started_with = None  # from step 1, whatever ran before
+        sess.live.race = sess.live.started_with = None  # from step 1, whatever ran before
         try:
-            with sess.working():
+            with sess.flight.working():
                 self.advance(sess, "", s)  # the empty box goes on with the borrowed prompt
-            sess.frame = 1 if teach else 0
+            sess.cursor.frame = 1 if teach else 0
             return self.render(sess)
         except Exception as err:
             return self.failed(sess, err)
 
-    def run_start(self, request: gr.Request, prompt, *args):
-        """Run to end on the page: the first step now, then one step per tick of the run timer
-        (:meth:`run_tick`), each a queued event of its own, so other tabs' steps go in between."""
-        *rest, _teach, sess = args
+    def run_start(self, request: gr.Request, sess: Session | None, prompt: str = "", teach: bool = False,
+                  **settings):
+        """Run to end on the page (whole steps, Teach mode or not): the first step now, then one step per
+        tick of the run timer (:meth:`run_tick`), each a queued event of its own, so other tabs' steps go
+        in between."""
         sess = self.session(sess, request)
-        sess.stop, sess.frame = False, 0
-        out = self.step(request, prompt, *rest, False, sess)
+        sess.flight.stop, sess.cursor.frame = False, 0
+        out = self.step(request, sess, prompt, False, **settings)
         sess = out[0]
-        sess.running = sess.stepping()  # the ticks step this run (or replay), whatever the fields say meanwhile
-        going = sess.in_progress and not out[-1].startswith("⚠️") and not sess.stop
+        sess.flight.running = sess.stepping()  # the ticks step this run (or replay), whatever the fields say
+        going = sess.in_progress and not out[-1].startswith("⚠️") and not sess.flight.stop
         return (*out, gr.Timer(active=going), *ui_running(going))
 
-    def run_tick(self, request: gr.Request, prompt, *args):
-        """One step of Run to end; the run timer stops at the end, on Stop or Reset, or on an error."""
-        sess = self.session(args[-1], request)
-        run = sess.running
-        if sess.stop or run is None or sess.stepping() is not run or not sess.in_progress:
-            sess.running = None  # the run is over: its race (and model) is no longer held here
-            message = "Stopped: Step or Run to end go on from here." if sess.stop and sess.in_progress else ""
+    def run_tick(self, request: gr.Request, sess: Session | None, **_edited):
+        """One step of Run to end; the run timer stops at the end, on Stop or Reset, or on an error.  The
+        prompt and settings fields are not read: the run goes on as it began."""
+        sess = self.session(sess, request)
+        run = sess.flight.running
+        if sess.flight.stop or run is None or sess.stepping() is not run or not sess.in_progress:
+            sess.flight.running = None  # the run is over: its race (and model) is no longer held here
+            message = "Stopped: Step or Run to end go on from here." if sess.flight.stop and sess.in_progress else ""
             return (*self.render(sess, message), gr.Timer(active=False), *ui_running(False))
         shown = self.shown_now(sess)
         try:
-            with sess.working():
-                sess.last_active = time.monotonic()
+            with sess.flight.working():
+                sess.flight.touch()
                 sess.next_step(run)  # this run, even if the prompt or a setting was edited meanwhile
             out = self.render(sess, self.hold(sess, shown, "Stopped"))
         except Exception as err:
             out = self.failed(sess, err)
-        if sess.in_progress and sess.stepping() is run and not out[-1].startswith("⚠️") and not sess.stop:
+        if sess.in_progress and sess.stepping() is run and not out[-1].startswith("⚠️") and not sess.flight.stop:
             return (*out, gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip())
-        sess.running = None
+        sess.flight.running = None
         return (*out, gr.Timer(active=False), *ui_running(False))
 
-    def run(self, request: gr.Request, prompt, *args):
+    def run(self, request: gr.Request, sess: Session | None, prompt: str = "", teach: bool = False, **settings):
         """Decode to the end in one call (the API's ``do_run``; the page's Run to end steps one queued
         event at a time: :meth:`run_start`), a step per redraw, until done, Stop, Reset or the tab goes away."""
-        *rest, _teach, sess = args
         sess = self.session(sess, request)
-        sess.stop, sess.frame, sess.replay = False, 0, None
+        sess.flight.stop, sess.cursor.frame, sess.replay = False, 0, None
         # Held across each yield: Gradio resumes a generator only once its last output went to the page,
         # so Reset (which waits while the tab is working) always draws after this run's last redraw.
-        with sess.working():
+        with sess.flight.working():
             try:
-                self.advance(sess, prompt, make_settings(*rest))
+                self.advance(sess, prompt, Settings.from_inputs(settings))
                 run = sess.current()
                 yield self.render(sess)
-                while not sess.closed and not sess.stop and sess.current() is run and sess.in_progress:
-                    sess.last_active = time.monotonic()
+                while not sess.closed and not sess.flight.stop and sess.current() is run and sess.in_progress:
+                    sess.flight.touch()
                     sess.next_step(run)
                     if sess.current() is not run:
                         return  # Reset meanwhile: its own redraw ("Reset.") stands
                     yield self.render(sess)
-                if sess.stop and sess.current() is run:
+                if sess.flight.stop and sess.current() is run:
                     yield self.render(sess, "Stopped: Step or Run to end go on from here.")
             except Exception as err:
                 yield self.failed(sess, err)
 
-    def tick(self, request: gr.Request, prompt, *args):
+    def tick(self, request: gr.Request, sess: Session | None, prompt: str = "", teach: bool = False, **settings):
         """Play: the next frame in Teach mode, else the next step; stops at the end or on an error."""
-        *rest, teach, sess = args
-        if sess is not None and sess.stop:  # a tick queued behind Stop or Reset draws nothing new
+        if sess is not None and sess.flight.stop:  # a tick queued behind Stop or Reset draws nothing new
             return (*self.render(sess), gr.Timer(active=False), gr.Button(value="▶ Play"))
         shown = self.shown_now(sess)
-        out = self.next_frame(request, prompt, *args) if teach else self.step(request, prompt, *args)
+        out = (self.next_frame if teach else self.step)(request, sess, prompt, teach, **settings)
         sess = out[0]
-        if sess.stop:  # Pause, Stop or Reset came while this step ran: it is not drawn (Step shows it)
+        if sess.flight.stop:  # Pause, Stop or Reset came while this step ran: it is not drawn (Step shows it)
             said = self.hold(sess, shown, "Paused")
             return (*self.render(sess, said), gr.Timer(active=False), gr.Button(value="▶ Play"))
         if sess.in_progress and not out[-1].startswith("⚠️"):
             return (*out, gr.skip(), gr.skip())
-        if teach and sess.stepping() is not None and sess.frame < 4:
+        if teach and sess.stepping() is not None and sess.cursor.frame < 4:
             return (*out, gr.skip(), gr.skip())  # the last step's frames still play
-        sess.playing = False
+        sess.flight.playing = False
         return (*out, gr.Timer(active=False), gr.Button(value="▶ Play"))
 
-    def next_frame(self, request: gr.Request, prompt, *args):
-        """Teach mode's Next phase: retrieve → verify → accept → recycle, then the next step."""
-        *rest, teach, sess = args
+    def next_frame(self, request: gr.Request, sess: Session | None, prompt: str = "", teach: bool = True,
+                   **settings):
+        """Teach mode's Next phase: retrieve → verify → accept → recycle, then the next step (``teach`` is
+        not read: Phase ▶ walks the frames whatever the box says)."""
         sess = self.session(sess, request)
-        view = sess.view()
-        if view is not None and 0 < sess.frame < 4:
-            sess.frame += 1
+        view, c = sess.view(), sess.cursor
+        if view is not None and 0 < c.frame < 4:
+            c.frame += 1
             return self.render(sess)
-        if view is not None and view.clamp(sess.shown) < len(view.steps):  # in the history: its next step
-            sess.shown, sess.frame, sess.picked = view.clamp(sess.shown) + 1, 1, None
+        if view is not None and view.clamp(c.shown) < len(view.steps):  # in the history: its next step
+            c.show(view.clamp(c.shown) + 1, frame=1)
             return self.render(sess)
         if sess.replay is not None:
             return self.render(sess, "The end of the replay: the history slider goes back; “Run its prompt live” "
                                      "runs it with the model.")
-        return self.step(request, prompt, *rest, True, sess)
+        return self.step(request, sess, prompt, True, **settings)
 
     # ---- no model work ----------------------------------------------------------------------
     @staticmethod
@@ -305,9 +300,11 @@ class Handlers:
         runs live (``live``: asked for by name, so over what was typed; else only into an empty box);
         the button shows while a run file is open."""
         if sess is None or sess.replay is None:
-            borrowed = sess.borrowed_prompt if sess is not None and (live or not str(typed or "").strip()) else None
-            method = next((k for k, v in METHODS.items() if sess is not None and sess.race is not None
-                           and v == sess.race.decoder.method), None) if live else None
+            borrowed = sess.live.borrowed_prompt if sess is not None and (live or not str(typed or "").strip()) \
+                else None
+            race = sess.live.race if sess is not None else None
+            method = next((k for k, v in METHODS.items() if race is not None
+                           and v == race.decoder.method), None) if live else None
             return (method or gr.skip(), None, borrowed if borrowed is not None else gr.skip(),
                     gr.Button(visible=False))
         label = next((k for k, v in METHODS.items() if v == sess.replay.method), None)
@@ -315,22 +312,22 @@ class Handlers:
 
     def prev_frame(self, sess: Session | None, request: gr.Request = None):
         sess = self.session(sess, request)
-        view = sess.view()
+        view, c = sess.view(), sess.cursor
         if view is None:
             return self.render(sess)
-        if sess.frame > 1:
-            sess.frame -= 1
-        elif view.clamp(sess.shown) > 1:
-            sess.shown, sess.frame, sess.picked = view.clamp(sess.shown) - 1, 4, None
+        if c.frame > 1:
+            c.frame -= 1
+        elif view.clamp(c.shown) > 1:
+            c.show(view.clamp(c.shown) - 1, frame=4)
         else:
-            sess.frame = 1
+            c.frame = 1
         return self.render(sess)
 
     @staticmethod
     def shown_now(sess: Session | None) -> tuple[int, int]:
         """(steps in the run, the step shown) before a tick's step: what :meth:`hold` goes back to."""
         view = sess.view() if sess is not None else None
-        return (len(view.steps), view.clamp(sess.shown)) if view is not None else (0, 0)
+        return (len(view.steps), view.clamp(sess.cursor.shown)) if view is not None else (0, 0)
 
     @staticmethod
     def hold(sess: Session, before: tuple[int, int], what: str) -> str:
@@ -339,34 +336,33 @@ class Handlers:
         there is nothing to hold back)."""
         view = sess.view()
         count, shown = before
-        if not sess.stop or view is None or not count or len(view.steps) <= count or sess.replay is not None:
+        if not sess.flight.stop or view is None or not count or len(view.steps) <= count or sess.replay is not None:
             return ""
-        sess.shown, sess.held, sess.picked = shown, True, None
-        if sess.frame:
-            sess.frame = 4  # Teach mode: the whole of the step shown
+        sess.cursor.show(shown, frame=4 if sess.cursor.frame else None)  # Teach mode: the whole of the step shown
+        sess.flight.held = True
         return (f"{what} at step {shown}. Step {count + 1}, already running, is kept in the history; "
                 "Step shows it.")
 
     @staticmethod
     def show_held(sess: Session, teach: bool) -> bool:
         """Step after Stop or Pause: the step held back then is shown first (no model work)."""
-        held, sess.held = sess.held, False
+        held, sess.flight.held = sess.flight.held, False
         view = sess.view() if held else None
-        if view is None or view.clamp(sess.shown) >= len(view.steps):
+        if view is None or view.clamp(sess.cursor.shown) >= len(view.steps):
             return False
-        sess.shown, sess.frame, sess.picked = view.clamp(sess.shown) + 1, 1 if teach else 0, None
+        sess.cursor.show(view.clamp(sess.cursor.shown) + 1, frame=1 if teach else 0)
         return True
 
     def stop(self, sess: Session | None):
         if sess is not None:
-            sess.stop, sess.playing = True, False
+            sess.flight.stop, sess.flight.playing = True, False
         return gr.Timer(active=False), gr.Timer(active=False), *ui_running(False)
 
     def toggle_play(self, label: str, steps_per_s: float, sess: Session | None):
         """Play / Pause: the Play timer on or off (Play clears an earlier Stop or Reset)."""
         start = str(label).startswith("▶")
         if sess is not None:
-            sess.stop, sess.playing = not start, start
+            sess.flight.stop, sess.flight.playing = not start, start
         return (gr.Timer(value=1.0 / float(steps_per_s), active=start),
                 gr.Button(value="❚❚ Pause" if start else "▶ Play"))
 
@@ -374,23 +370,23 @@ class Handlers:
         """Final: a run in progress ends at its next step, and the step in flight (if any) is waited
         for, so that its redraw reaches the page before this one and no late step draws over it."""
         sess = self.session(sess, request)
-        sess.stop = True
-        sess.wait_idle(RESET_WAIT)
+        sess.flight.stop = True
+        sess.flight.wait_idle(RESET_WAIT)
         sess.reset()
         return (*self.render(sess, "Reset."), gr.Timer(active=False), gr.Timer(active=False), *ui_running(False))
 
     def history(self, n, sess: Session | None, request: gr.Request = None):
         sess = self.session(sess, request)
-        sess.shown, sess.picked = int(n or 1), None
+        sess.cursor.show(int(n or 1))
         return self.render(sess, slider_value=False)
 
     def pick_node(self, value: str, sess: Session | None, request: gr.Request = None):
         """A tree node clicked (its index): its matrix rows are outlined and listed first."""
         sess = self.session(sess, request)
         try:
-            sess.picked = int(str(value).split(":")[0])
+            sess.cursor.picked = int(str(value).split(":")[0])
         except ValueError:
-            sess.picked = None
+            sess.cursor.picked = None
         return self.render(sess)
 
     def pick_token(self, value: str, sess: Session | None, request: gr.Request = None):
@@ -402,15 +398,13 @@ class Handlers:
         except ValueError:
             return self.render(sess)
         if view is not None:
-            sess.shown, sess.picked = view.step_of_token(position), None
+            sess.cursor.show(view.step_of_token(position))
         return self.render(sess)
 
     # ---- the matrix file (hot start) ------------------------------------------------------------
     def reset_matrix(self, request: gr.Request, sess):
         sess = self.session(sess, request)
-        if sess.matrix is not None:
-            sess.matrix.reset()
-            sess.matrix.note = "emptied by Reset matrix"
+        sess.matrix_state.empty()
         return self.render(sess, "The matrix is empty again (∅ rows): drafts start to hit after a few steps.")
 
     def save_matrix(self, request: gr.Request, sess):
@@ -422,34 +416,35 @@ class Handlers:
         except UserError as err:
             return sess, gr.File(visible=False), error_text(err)
 
-    def load_matrix(self, request: gr.Request, file, *args):
-        *rest, sess = args
+    def load_matrix(self, request: gr.Request, sess: Session | None, file=None, **settings):
+        """"Load matrix": the file, for the model the settings name."""
         sess = self.session(sess, request)
         try:
-            sess.load_matrix(self.hub, file if isinstance(file, str) else file.name, make_settings(*rest))
+            s = Settings.from_inputs(settings)
+            sess.load_matrix(self.hub, file if isinstance(file, str) else file.name, s)
             return self.render(sess, "Matrix loaded: the next step drafts from it.")
         except UserError as err:
             return self.failed(sess, err)
 
-    def settings_changed(self, sess: Session | None, prompt, *settings):
+    def settings_changed(self, sess: Session | None, prompt: str = "", **settings):
         """A setting changed while a run is shown: the status says that the next Step starts a new
         run (the one shown stays until then); else nothing to say."""
-        if sess is None or sess.current() is None or sess.started_with is None:
+        began = sess.live.started_with if sess is not None else None
+        if sess is None or sess.current() is None or began is None:
             return gr.skip()
         try:
-            new = make_settings(*settings)
+            new = Settings.from_inputs(settings)
         except (TypeError, ValueError):
             return gr.skip()
-        if (prompt, new) == sess.started_with:
+        if (prompt, new) == began:
             return sess.message or ""
-        what = "the cold start (an empty matrix)" if new.start == COLD != sess.started_with[1].start else \
-            "the new settings"
+        what = "the cold start (an empty matrix)" if new.start == COLD != began[1].start else "the new settings"
         return f"Settings changed: the next Step starts a new run from step 1, with {what}. The run shown stays until then."
 
     def teach_toggled(self, teach: bool, sess: Session | None, request: gr.Request = None):
         """Teach mode on or off; a tab's first event may be this one: its session is made as every other's."""
         sess = self.session(sess, request)
-        sess.frame = 1 if teach and sess.view() is not None else 0
+        sess.cursor.frame = 1 if teach and sess.view() is not None else 0
         return self.render(sess)
 
 

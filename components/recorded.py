@@ -19,7 +19,7 @@ The planner's acceptance statistics live inside a call and start from the shippe
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -27,7 +27,7 @@ from tr_core.devices import oom_message
 from tr_core.matrix import AdjacencyMatrix
 from tr_core.runs import Run
 
-from .session import COLD, SHIPPED_MATRIX, Session, Settings, UserError
+from .session import SHIPPED_MATRIX, MatrixOrigin, MatrixState, Session, Settings, UserError
 
 
 @dataclass
@@ -38,6 +38,7 @@ class Recording:
     matrix: AdjacencyMatrix | None  # on the host
     error: str = ""
     notice: str = ""
+    origin: MatrixOrigin | None = None  # where the matrix came from
 
 
 class Recorder:
@@ -46,24 +47,24 @@ class Recorder:
     def __init__(self, hub):
         self.hub = hub
 
-    def record(self, prompt: str, s: Settings, cap: int, matrix: AdjacencyMatrix | None,
-               start_file: str | None) -> Recording:
-        """Decode ``prompt`` to the end with settings ``s`` against greedy; the run and the matrix."""
-        # the matrix comes from a run of the same start (hot or cold), or is None (components.session.reveal)
-        sess = Session(matrix=matrix, start_file=start_file, warm_file=str(SHIPPED_MATRIX), cold=s.start == COLD)
+    def record(self, prompt: str, s: Settings, cap: int, handed: MatrixState) -> Recording:
+        """Decode ``prompt`` to the end with settings ``s`` against greedy, from the matrix the tab
+        ``handed`` over (``MatrixState.handed``: one of the same start, or none); the run and the matrix."""
+        sess = Session(matrix_state=replace(handed, warm_file=str(SHIPPED_MATRIX)))
         try:
             sess.begin(self.hub, prompt, s, cap)
             notice = sess.notice  # e.g. where the matrix came from: said with the first step shown
             while sess.in_progress:
                 sess.advance()
         except UserError as err:
-            return Recording(None, matrix, str(err))
+            return Recording(None, handed.matrix, str(err))
         except torch.OutOfMemoryError:
             lm = self.hub.get(s.model)
-            return Recording(None, matrix, oom_message(lm.name, lm.dtype, lm.device))
-        run = sess.view().to_run()
-        kept = sess.matrix.to("cpu") if sess.matrix is not None else matrix
-        return Recording(run, kept, notice=notice)
+            return Recording(None, handed.matrix, oom_message(lm.name, lm.dtype, lm.device))
+        run, after = sess.view().to_run(), sess.matrix_state
+        if after.matrix is None:
+            return Recording(run, handed.matrix, notice=notice, origin=handed.origin)
+        return Recording(run, after.matrix.to("cpu"), notice=notice, origin=after.origin)
 
     def token_seconds(self, spec) -> float | None:
         """Seconds of one greedy forward of model ``spec``, where it is loaded and its cost curve measured."""

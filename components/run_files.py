@@ -42,7 +42,7 @@ def run_file_for(sess: Session | None) -> str | None:
     view = sess.view() if sess is not None else None
     if view is None:
         return None
-    folder = getattr(sess, "run_folder", None) or tempfile.mkdtemp(prefix="tr-run-")
+    folder = sess.run_folder or tempfile.mkdtemp(prefix="tr-run-")
     sess.run_folder = folder
     method = view.method
     path = Path(folder) / f"token-recycling-run-{method}-{len(view.steps)}-steps.json"
@@ -86,7 +86,8 @@ class RunFiles:
         """After a step: the run file for Save run, and the tab's prompt, settings and run kept in the
         browser for a reload (:meth:`restore`).  Skipped while Run to end or Play goes on (each
         step's file would only be written over): the last step of the run writes it."""
-        if sess is not None and not sess.stop and sess.in_progress and (sess.running is not None or sess.playing):
+        busy = sess.flight if sess is not None else None
+        if busy is not None and not busy.stop and sess.in_progress and (busy.running is not None or busy.playing):
             return gr.skip(), gr.skip()
         path = run_file_for(sess)
         return gr.DownloadButton(value=path, interactive=path is not None), kept_for_reload(sess, path)
@@ -109,8 +110,8 @@ class RunFiles:
             except RunFileError:
                 note = "the run kept in this browser could not be read"
         if run is not None:
-            sess.kept, sess.shown = RunView.of_run(run), None
-            sess.kept.replayed = False
+            sess.live.kept, sess.cursor.shown = RunView.of_run(run), None
+            sess.live.kept.replayed = False
             note = (f"the run of {len(run.steps)} steps is shown as it was; Step starts the prompt again "
                     "from step 1 (a reload does not keep the model's state)")
         gr.Info(f"Restored from this browser's last visit to the page: the prompt and settings; {note}.", duration=10)
@@ -146,8 +147,8 @@ def kept_for_reload(sess: Session | None, path: str | None) -> dict | None:
     view = sess.view() if sess is not None else None
     if view is None:
         return None
-    if sess.started_with is not None:
-        prompt, values = sess.started_with[0], settings_values(sess.started_with[1])
+    if sess.live.started_with is not None:
+        prompt, values = sess.live.started_with[0], settings_values(sess.live.started_with[1])
     else:  # a replay, or a run kept after its model went: its own prompt and settings
         prompt, values = str(view.header.get("prompt", "")), dict(view.header.get("settings") or {})
     kept = {"prompt": prompt, "settings": values, "run": None, "note": ""}

@@ -27,15 +27,15 @@ def test_steps_render_every_panel(hub):
     tree_fig, draft_fig, heat_fig, text, counters, charts, phases, acc_map, alt = sess.views()
     nodes = [t for t in tree_fig.data if (t.mode == "markers+text" or t.name == "model's own")
              and t.name != "left out"]  # not the ∅ leaves
-    step = sess.race.decoder.steps[-1]
+    step = sess.live.race.decoder.steps[-1]
     assert step.tree.size + step.blank_drafts >= 80  # the paper tree (blank drafts left out), plus any lookup
     assert sum(len(t.x) for t in nodes) == step.tree.size + 2  # + the root and the bonus token
     assert heat_fig.data and len(heat_fig.data[0].z) > 0
     assert "speedup" in counters and "identical to greedy" in counters
-    assert text.count('title="step ') == len(sess.race.decoder.output)
+    assert text.count('title="step ') == len(sess.live.race.decoder.output)
     assert "recycle" in phases and "accept" in phases
     assert len(charts.data[1].y) == 3  # speedup after each of the three steps
-    figs = sess.race.figures()
+    figs = sess.live.race.figures()
     assert figs["tr"]["forwards"] == 3 and figs["greedy"]["tokens"] >= figs["tr"]["tokens"]
 
 
@@ -44,19 +44,19 @@ def test_ptd_session_draws_both_trees(hub):
     for _ in range(3):
         sess.step(hub, PROMPT, settings(method="ptd"), cap=256)
     tree_fig, draft_fig, heat_fig, text, counters, charts, phases, _, _ = sess.views()
-    step = sess.race.decoder.steps[-1]
+    step = sess.live.race.decoder.steps[-1]
     assert step.method == "ptd" and step.draft_tree is not None
     drawn = [t for t in draft_fig.data if t.mode == "markers+text"]
     assert sum(len(t.x) for t in drawn) == len(step.draft_tree.tokens)
     assert "new" in step.draft_tree.sources and "expand" in phases
     from components.session import PAGE_MIN_DRAFT  # the page keeps a draft tree to watch, paying or not
-    assert all(s.forward_tokens - 1 - s.tree.size > 0 for s in sess.race.decoder.steps)
-    assert sess.race.decoder.config.max_nodes >= PAGE_MIN_DRAFT
+    assert all(s.forward_tokens - 1 - s.tree.size > 0 for s in sess.live.race.decoder.steps)
+    assert sess.live.race.decoder.config.max_nodes >= PAGE_MIN_DRAFT
     assert "PTD keeps no matrix" in str(heat_fig.layout.annotations[0].text)
     assert "Progressive Tree Drafting" in counters and "identical to greedy" in counters
-    while not sess.race.done:
+    while not sess.live.race.done:
         sess.advance()
-    assert sess.race.figures()["identical"]
+    assert sess.live.race.figures()["identical"]
     with pytest.raises(UserError, match="Unknown method"):
         Session().step(hub, PROMPT, settings(method="medusa"), cap=256)
 
@@ -81,15 +81,15 @@ def test_sampling_session_races_plain_sampling(hub):
     for _ in range(2):
         sess.step(hub, PROMPT, settings(tree="tr-16", temperature=0.8, top_p=0.9, seed=3), cap=256)
     tree_fig, _, _, _, counters, _, _, _, _ = sess.views()
-    step = sess.race.decoder.steps[-1]
-    assert step.sampled and sess.race.greedy.sampling == sess.race.decoder.sampling
+    step = sess.live.race.decoder.steps[-1]
+    assert step.sampled and sess.live.race.greedy.sampling == sess.live.race.decoder.sampling
     assert "Plain sampling" in counters and "same distribution" in counters
     assert any("sampled" in str(h) for t in tree_fig.data for h in (t.hovertext or []))
-    first = list(sess.race.decoder.output)
+    first = list(sess.live.race.decoder.output)
     again = Session()
     for _ in range(2):
         again.step(hub, PROMPT, settings(tree="tr-16", temperature=0.8, top_p=0.9, seed=3), cap=256)
-    assert again.race.decoder.output == first  # same seed and settings, same text
+    assert again.live.race.decoder.output == first  # same seed and settings, same text
     with pytest.raises(UserError, match="top_p"):
         Session().step(hub, PROMPT, settings(temperature=0.8, top_p=0), cap=256)
 
@@ -97,23 +97,23 @@ def test_sampling_session_races_plain_sampling(hub):
 def test_run_to_end_is_identical_to_greedy(hub):
     sess = Session()
     sess.step(hub, PROMPT, settings(tree="tr-16"), cap=256)
-    while not sess.race.done:
-        sess.race.step()
-    figs = sess.race.figures()
+    while not sess.live.race.done:
+        sess.live.race.step()
+    figs = sess.live.race.figures()
     assert figs["identical"] and figs["tr"]["tokens"] == 24
 
 
 def test_changed_prompt_or_settings_start_a_new_race(hub):
     sess = Session()
     sess.step(hub, PROMPT, settings(), cap=256)
-    first = sess.race
+    first = sess.live.race
     sess.step(hub, PROMPT, settings(), cap=256)
-    assert sess.race is first
+    assert sess.live.race is first
     sess.step(hub, PROMPT + "!", settings(), cap=256)
-    assert sess.race is not first and len(sess.race.decoder.steps) == 1
-    matrix = sess.matrix
+    assert sess.live.race is not first and len(sess.live.race.decoder.steps) == 1
+    matrix = sess.matrix_state.matrix
     sess.step(hub, PROMPT, settings(tree="tr-8"), cap=256)
-    assert sess.matrix is matrix and sess.race.decoder.tree.name == "tr-8"  # hot start kept the matrix
+    assert sess.matrix_state.matrix is matrix and sess.live.race.decoder.tree.name == "tr-8"  # hot start kept the matrix
 
 
 @pytest.mark.parametrize("prompt, kw, message", [
@@ -153,10 +153,10 @@ def test_matrix_save_load_and_foreign_file(hub, embedded_lm, tmp_path):
     sess = Session()
     sess.step(hub, PROMPT, settings(), cap=256)
     path = sess.save_matrix(str(tmp_path))
-    saved = sess.matrix.table.clone()
-    sess.matrix.reset()
+    saved = sess.matrix_state.matrix.table.clone()
+    sess.matrix_state.matrix.reset()
     sess.load_matrix(hub, path, settings())
-    assert (sess.matrix.table == saved).all()
+    assert (sess.matrix_state.matrix.table == saved).all()
     foreign = AdjacencyMatrix(100, 8, fingerprint="other")
     foreign.save(tmp_path / "foreign.safetensors")
     with pytest.raises(UserError, match="another vocabulary"):
@@ -195,18 +195,18 @@ def test_run_to_end_through_gradio_client(launched):
 
 def test_server_hot_start_file(hub, tmp_path):
     shared = tmp_path / "shared.safetensors"
-    first = Session(start_file=str(shared))
+    first = Session.starting_from(start_file=str(shared))
     first.step(hub, PROMPT, settings(tree="tr-16"), cap=256)  # no file yet: zeros
     first.save_matrix(folder=str(tmp_path))  # writes the shared file too, atomically
     assert shared.is_file() and not list(tmp_path.glob("*.tmp*"))
-    second = Session(start_file=str(shared))
+    second = Session.starting_from(start_file=str(shared))
     second.step(hub, PROMPT, settings(tree="tr-16"), cap=256)
     assert "hot start from the server's file" in second.message
-    assert second.matrix is not first.matrix  # its own copy: what it learns stays in the session
+    assert second.matrix_state.matrix is not first.matrix_state.matrix  # its own copy: what it learns stays in the session
     shared.write_bytes(shared.read_bytes()[:100])  # truncated, as after a crash of something else
-    third = Session(start_file=str(shared))
+    third = Session.starting_from(start_file=str(shared))
     third.step(hub, PROMPT, settings(tree="tr-16"), cap=256)
-    assert "was not used" in third.message and int(third.matrix.table.count_nonzero()) > 0
+    assert "was not used" in third.message and int(third.matrix_state.matrix.table.count_nonzero()) > 0
 
 
 def test_model_that_fails_to_load_is_a_message(hub, tmp_path):
@@ -292,15 +292,57 @@ def test_busy_server_queues_with_positions_and_refuses_beyond_the_queue_size(hub
         demo.close()
 
 
+def test_settings_come_from_the_pages_fields_by_name():
+    from components.session import SETTINGS_FIELDS
+    from tr_core.decoders.recycling import DEFAULT_LOOKUP
+
+    s = Settings.from_inputs(dict(model="m", tree="tr-16", k=4, max_new_tokens=12, hot_start=True, lookup=True,
+                                  method="Progressive Tree Drafting (PTD)", temperature=0.5, seed=3, start="cold"))
+    assert s == Settings("m", "tr-16", 4, 12, True, DEFAULT_LOOKUP, "ptd", 0.5, 1.0, 3, "cold")
+    assert Settings.from_inputs({}) == Settings.from_inputs(dict.fromkeys(SETTINGS_FIELDS))  # not given: empty
+    with pytest.raises(TypeError, match="max_new"):
+        Settings.from_inputs({"max_new": 12})  # a name the settings do not have is refused, not dropped
+
+
+def test_the_api_names_its_parameters_in_the_pages_order():
+    from app import build_app
+    from components.session import SETTINGS_FIELDS
+
+    endpoints = build_app(ModelHub()).get_api_info()["named_endpoints"]
+    for name in ("/do_step", "/do_run"):
+        assert [p["parameter_name"] for p in endpoints[name]["parameters"]] == ["prompt", *SETTINGS_FIELDS, "teach"]
+
+
 def test_a_session_keeps_its_planner_across_runs_like_its_matrix(tiny_lm):
     import dataclasses
 
     from components.session import Session
 
     s = Session()
-    first = s.planner_for(tiny_lm, 8, hot_start=True)
+    first = s.matrix_state.planner_for(tiny_lm, 8, hot_start=True)
     first.stats.record(first.universe, [first.universe.paths[0]])  # something learnt
-    assert s.planner_for(tiny_lm, 8, hot_start=True) is first and first.stats.trials  # hot start: kept
-    assert s.planner_for(tiny_lm, 8, hot_start=False) is first and not first.stats.trials  # cold: forgotten
+    assert s.matrix_state.planner_for(tiny_lm, 8, hot_start=True) is first and first.stats.trials  # hot start: kept
+    assert s.matrix_state.planner_for(tiny_lm, 8, hot_start=False) is first and not first.stats.trials  # cold: forgotten
     other = dataclasses.replace(tiny_lm)  # another model loaded: a planner of its own
-    assert s.planner_for(other, 8, hot_start=True) is not first
+    assert s.matrix_state.planner_for(other, 8, hot_start=True) is not first
+
+
+def test_where_the_matrix_came_from_is_data_and_its_note_is_derived(tiny_lm):
+    from components.session import MatrixOrigin, MatrixState, Origin
+
+    ms = MatrixState()  # no file fits the tiny model: zeros
+    ms.for_race(tiny_lm, 8, hot_start=True)
+    assert ms.origin == MatrixOrigin(Origin.EMPTY) and ms.origin.note() == "an empty matrix (none is shipped for this model)"
+    ms.for_race(tiny_lm, 8, hot_start=True)
+    assert ms.origin == MatrixOrigin(Origin.EMPTY, carried=True)
+    assert ms.origin.note().endswith(", then this tab's earlier prompts")
+    ms.for_race(tiny_lm, 8, hot_start=True)  # carried over again: said once
+    assert ms.origin.note().count("earlier prompts") == 1
+    ms.for_race(tiny_lm, 8, hot_start=True, cold=True)  # a hot start's matrix never carries into a cold start
+    assert ms.origin == MatrixOrigin(Origin.COLD) and ms.cold
+    ms.for_race(tiny_lm, 8, hot_start=True, cold=True)
+    assert ms.origin.note() == "cold start, then this tab's earlier prompts"
+    ms.empty()
+    assert ms.origin.kind is Origin.EMPTIED and ms.matrix.writes == 0
+    shipped = MatrixOrigin(Origin.SHIPPED, carried=True, detail="warmed on 40 calibration prompts")
+    assert shipped.note() == "hot start: a matrix warmed on 40 calibration prompts, then this tab's earlier prompts"

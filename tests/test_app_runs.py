@@ -33,8 +33,8 @@ def test_run_file_round_trip_replays_every_panel_without_a_model(hub, tmp_path):
     assert len(doc["steps"]) == 3 and doc["outputs"]["baseline"]
     replay = Session()
     assert "3 steps" in open_run_bytes(replay, open(path, "rb").read(), "run.json")
-    assert replay.race is None and replay.replay is not None
-    replay.shown = 3
+    assert replay.live.race is None and replay.replay is not None
+    replay.cursor.shown = 3
     again = replay.views()
     assert again[3] == live[3]  # the text, token for token, from the file's token texts alone
     assert again[4] == live[4]  # the counters, from the file's step and greedy records
@@ -70,31 +70,31 @@ def test_history_frames_and_linked_views(hub):  # noqa: F811
     sess = stepped(hub, 3, tree="paper-80", lookup=0)
     out = h.history(1, sess)
     assert "Step 1:" in out[1].layout.title.text and out[-2].label.startswith("History: step 1 of 3")
-    sess.frame = 1
+    sess.cursor.frame = 1
     heat_before = h.render(sess)[3]
     assert "before" in heat_before.layout.title.text
     kinds = {c for t in h.render(sess)[1].data for c in ([t.marker.color] if isinstance(t.marker.color, str) else
                                                          list(t.marker.color or []))}
     assert "#2e9d4f" not in kinds  # retrieve: nothing accepted yet
     for frame in (2, 3, 4):
-        out = h.next_frame(None, PROMPT, *[None] * 10, True, sess)
-        assert sess.frame == frame
+        out = h.next_frame(None, sess, PROMPT, teach=True)
+        assert sess.cursor.frame == frame
     assert "ph-now" in out[7] and "recycle" in out[7].split("ph-now")[1][:40].lower()
     assert "after" in out[3].layout.title.text
-    step = sess.race.decoder.steps[0]
+    step = sess.live.race.decoder.steps[0]
     node = step.accepted_path[-1] if len(step.accepted_path) > 1 else 1
     out = h.pick_node(f"{node}:123", sess)
     assert out[3].layout.shapes, "the clicked node's rows are outlined"
-    last_token = len(sess.race.decoder.output) - 1
+    last_token = len(sess.live.race.decoder.output) - 1
     out = h.pick_token(f"{last_token}:1", sess)
-    assert sess.shown == 3 and "step 3 of 3" in out[-2].label
+    assert sess.cursor.shown == 3 and "step 3 of 3" in out[-2].label
     out = h.pick_token("0:1", sess)
-    assert sess.shown == 1
+    assert sess.cursor.shown == 1
 
 
 def test_first_steps_leave_out_blank_drafts_say_so_and_stay_greedy(hub):  # noqa: F811
     sess = stepped(hub, 2, tree="paper-80", lookup=0, hot_start=False)
-    first, second = sess.race.decoder.steps
+    first, second = sess.live.race.decoder.steps
     assert first.blank_drafts > 0 and "empty" not in first.tree.sources  # rows never written: not drafted
     assert first.forward_tokens == first.tree.size + 1 < 81
     tree_fig, _, heat, _, counters, _, phases, _, alt = sess.views()
@@ -218,28 +218,29 @@ def test_a_step_that_ends_after_pause_or_stop_is_not_drawn(hub):  # noqa: F811
     from tr_core.models import EMBEDDED_LABEL
 
     h = Handlers(hub, 256)
-    args = [EMBEDDED_LABEL, "paper-80", 8, 24, True, False, "Token Recycling (TR)", 0.0, 1.0, 0, "hot"]
-    sess = h.step(None, PROMPT, *args, False, None)[0]
+    page = dict(model=EMBEDDED_LABEL, tree="paper-80", k=8, max_new_tokens=24, hot_start=True, lookup=False,
+                method="Token Recycling (TR)", temperature=0.0, top_p=1.0, seed=0, start="hot")
+    sess = h.step(None, None, PROMPT, **page)[0]
     advance = h.advance
 
     def pressed_meanwhile(s, prompt, settings_):  # the step runs, and Pause comes before it ends
         advance(s, prompt, settings_)
-        s.stop = True
+        s.flight.stop = True
     h.advance = pressed_meanwhile
-    out = h.tick(None, PROMPT, *args, False, sess)
-    assert len(sess.view().steps) == 2 and sess.shown == 1 and "step 1 of 2" in out[-4].label
+    out = h.tick(None, sess, PROMPT, **page)
+    assert len(sess.view().steps) == 2 and sess.cursor.shown == 1 and "step 1 of 2" in out[-4].label
     assert "Step 1:" in out[1].layout.title.text and "Paused at step 1" in out[-3]
     assert out[-2].active is False  # Play's timer stops
     h.advance = advance
-    out = h.step(None, PROMPT, *args, False, sess)  # Step shows the step kept back, no model work
+    out = h.step(None, sess, PROMPT, **page)  # Step shows the step kept back, no model work
     assert len(sess.view().steps) == 2 and "Step 2:" in out[1].layout.title.text
     # Run to end: Stop while a tick's step runs
-    sess.stop, sess.running = False, sess.current()
+    sess.flight.stop, sess.flight.running = False, sess.current()
     step_of = sess.next_step
 
     def stopped_meanwhile(run):
         step_of(run)
-        sess.stop = True
+        sess.flight.stop = True
     sess.next_step = stopped_meanwhile
-    out = h.run_tick(None, PROMPT, *args, False, sess)
+    out = h.run_tick(None, sess, prompt=PROMPT, **page)
     assert len(sess.view().steps) == 3 and "Step 2:" in out[1].layout.title.text and "Stopped at step 2" in out[-6]

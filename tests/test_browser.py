@@ -118,7 +118,7 @@ def test_closed_tab_mid_run_frees_its_session_and_the_server_goes_on(hub):  # no
             browser.close()
         assert ended.wait(timeout=60), "the closed tab's session was not freed within a minute"
         sess = freed[0]
-        assert sess.closed and sess.race is None and sess.matrix is None
+        assert sess.closed and sess.live.race is None and sess.matrix_state.matrix is None
         t0 = time.time()
         out = Client(f"http://127.0.0.1:{port}/", verbose=False).predict(
             SHORT, "", "tr-16", 8, 8, True, True, "Token Recycling (TR)", api_name="/do_step")

@@ -21,12 +21,12 @@ def test_a_hot_start_matrix_follows_the_model_to_its_device(tiny_lm):
     import dataclasses
 
     sess = Session()
-    m = sess.matrix_for(tiny_lm, 8, True)
+    m = sess.matrix_state.for_race(tiny_lm, 8, True)
     m.table[5, 0], m.writes = 7, 5
-    assert sess.matrix_for(tiny_lm, 8, True) is m  # same device: the same matrix, kept
+    assert sess.matrix_state.for_race(tiny_lm, 8, True) is m  # same device: the same matrix, kept
     elsewhere = dataclasses.replace(tiny_lm, device=torch.device("meta"))  # the model on another device
-    moved = sess.matrix_for(elsewhere, 8, True)
-    assert moved.table.device.type == "meta" and moved.writes == 5 and sess.matrix is moved  # not a fresh one
+    moved = sess.matrix_state.for_race(elsewhere, 8, True)
+    assert moved.table.device.type == "meta" and moved.writes == 5 and sess.matrix_state.matrix is moved  # not a fresh one
     assert m.to("cpu") is m and m.to(torch.device("cpu")) is m
 
 
@@ -97,11 +97,11 @@ def test_after_a_model_switch_nothing_holds_the_old_model(monkeypatch):
     old = weakref.ref(hub.get("org/a"))
     mine.step(hub, "w3 w4 w5", Settings(model="org/bb", tree="auto", k=8, max_new_tokens=8, hot_start=True), cap=64)
     gc.collect()
-    assert old() is None and other.race is None and mine.race.decoder.lm.name == "org/bb"
+    assert old() is None and other.live.race is None and mine.live.race.decoder.lm.name == "org/bb"
 
 
 def test_a_model_switch_after_run_to_end_frees_the_old_model(monkeypatch):
-    """Run to end keeps its run in ``Session.running`` for its ticks; a switch, in this tab or
+    """Run to end keeps its run in ``Session.flight.running`` for its ticks; a switch, in this tab or
     another, lets the old model go all the same, and the run's last tick lets it go too."""
     import gc
     import weakref
@@ -113,15 +113,15 @@ def test_a_model_switch_after_run_to_end_frees_the_old_model(monkeypatch):
     hub = model_hub.ModelHub(keep=1, default="org/a", loader=tiny_loader)
     s = Settings(model="org/a", tree="auto", k=8, max_new_tokens=8, hot_start=True)
     h, mine, other = two_tabs(hub, s)
-    mine.running, other.running = mine.current(), other.current()  # as Run to end leaves them
+    mine.flight.running, other.flight.running = mine.current(), other.current()  # as Run to end leaves them
     old = weakref.ref(hub.get("org/a"))
     mine.step(hub, "w3 w4 w5", Settings(model="org/bb", tree="auto", k=8, max_new_tokens=8, hot_start=True), cap=64)
     gc.collect()
-    assert old() is None and mine.running is None and other.running is None
-    mine.running = mine.current()
-    mine.stop = True
-    h.run_tick(None, "w3 w4 w5", mine)  # the run's last tick: nothing holds it any more
-    assert mine.running is None
+    assert old() is None and mine.flight.running is None and other.flight.running is None
+    mine.flight.running = mine.current()
+    mine.flight.stop = True
+    h.run_tick(None, mine, prompt="w3 w4 w5")  # the run's last tick: nothing holds it any more
+    assert mine.flight.running is None
 
 
 def test_idle_tabs_give_their_kv_caches_back(tiny_lm):
@@ -133,12 +133,12 @@ def test_idle_tabs_give_their_kv_caches_back(tiny_lm):
 
     s = Settings(model="tiny", tree="tr-8", k=8, max_new_tokens=30, hot_start=True)
     h, idle, busy = two_tabs(ModelHub(loaded={"tiny": tiny_lm}, default="tiny"), s)
-    busy.last_active = idle.last_active + IDLE_SECONDS
-    assert h.free_idle(now=idle.last_active + IDLE_SECONDS + 1) == 1
-    assert idle.race.decoder.cache is None and busy.race.decoder.cache is not None
+    busy.flight.last_active = idle.flight.last_active + IDLE_SECONDS
+    assert h.free_idle(now=idle.flight.last_active + IDLE_SECONDS + 1) == 1
+    assert idle.live.race.decoder.cache is None and busy.live.race.decoder.cache is not None
     h.advance(idle, "w3 w4 w5", s)  # it steps again: rebuilt, and still greedy's text
-    assert idle.race.decoder.cache is not None and idle.race.figures()["identical"]
-    assert time.monotonic() - idle.last_active < 5
+    assert idle.live.race.decoder.cache is not None and idle.live.race.figures()["identical"]
+    assert time.monotonic() - idle.flight.last_active < 5
 
 
 def test_onednn_packing_is_probed_and_its_absence_falls_back_to_plain_weights(monkeypatch, tmp_path, tiny_lm):

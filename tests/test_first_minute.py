@@ -19,7 +19,7 @@ from .conftest import SPEC_BENCH
 
 def page_session() -> Session:
     """A new tab as the page makes it: its own copy of the shipped matrix."""
-    return Session(warm_file=str(SHIPPED_MATRIX))
+    return Session.starting_from(warm_file=str(SHIPPED_MATRIX))
 
 
 def test_the_shipped_matrix_fits_the_embedded_model_and_says_how_it_was_warmed(embedded_lm):
@@ -40,29 +40,29 @@ def test_the_first_step_on_any_prompt_accepts_a_draft(hub, start):  # noqa: F811
     for prompt in (PROMPT, "Compose an engaging travel blog post about a trip to the Alps."):
         sess = page_session()
         sess.step(hub, prompt, settings(tree="auto", start=start), cap=256)
-        step = sess.race.decoder.steps[0]
+        step = sess.live.race.decoder.steps[0]
         assert step.accepted_drafts >= 1 and len(step.committed) >= 2, (prompt, start)
 
 
 def test_a_new_tab_starts_hot_from_the_shipped_matrix_and_one_choice_shows_a_cold_start(hub):  # noqa: F811
     sess = page_session()
     sess.step(hub, PROMPT, settings(tree="auto"), cap=256)
-    assert "warmed on" in sess.header["matrix_start"] and "warmed on" in sess.views()[4]  # the counters say so
+    assert "warmed on" in sess.live.header["matrix_start"] and "warmed on" in sess.views()[4]  # the counters say so
     cold = page_session()
     cold.step(hub, PROMPT, settings(tree="auto", start="cold"), cap=256)
-    assert "cold start" in cold.header["matrix_start"]
-    assert sess.matrix.writes > cold.matrix.writes + 1000  # cold: only the rows of the prompt and one step
-    assert cold.matrix.writes > 0  # the cold matrix fills as it decodes ...
+    assert "cold start" in cold.live.header["matrix_start"]
+    assert sess.matrix_state.matrix.writes > cold.matrix_state.matrix.writes + 1000  # cold: only the rows of the prompt and one step
+    assert cold.matrix_state.matrix.writes > 0  # the cold matrix fills as it decodes ...
     cold.reset()
     cold.step(hub, PROMPT, settings(tree="auto"), cap=256)  # ... and back to hot: the shipped rows again
-    assert "warmed on" in cold.header["matrix_start"]
+    assert "warmed on" in cold.live.header["matrix_start"]
 
 
 def test_save_matrix_never_writes_the_shipped_file_even_when_named_as_the_servers(hub, tmp_path):  # noqa: F811
     shipped = SHIPPED_MATRIX.read_bytes()
-    sess = Session(start_file=str(SHIPPED_MATRIX), warm_file=str(SHIPPED_MATRIX))  # TR_MATRIX = the shipped file
+    sess = Session.starting_from(start_file=str(SHIPPED_MATRIX), warm_file=str(SHIPPED_MATRIX))  # TR_MATRIX = the shipped file
     sess.step(hub, PROMPT, settings(tree="tr-16"), cap=256)
-    assert sess.matrix.writes > 0
+    assert sess.matrix_state.matrix.writes > 0
     sess.save_matrix(folder=str(tmp_path))  # the download is written ...
     assert SHIPPED_MATRIX.read_bytes() == shipped  # ... the shipped file is not
 
@@ -74,13 +74,13 @@ def test_a_loaded_matrix_is_used_whatever_the_start_and_k_below_8_keeps_the_hot_
     other = page_session()
     other.step(hub, PROMPT, settings(tree="tr-16", start="cold"), cap=256)
     other.load_matrix(hub, path, settings())
-    loaded = other.matrix
+    loaded = other.matrix_state.matrix
     other.step(hub, "Another prompt, please.", settings(tree="tr-16"), cap=256)  # hot: the loaded matrix
-    assert other.matrix is loaded and "loaded from a matrix file" in other.header["matrix_start"]
+    assert other.matrix_state.matrix is loaded and "loaded from a matrix file" in other.live.header["matrix_start"]
     narrow = page_session()
     narrow.step(hub, PROMPT, settings(tree="auto", k=4), cap=256)
-    assert narrow.matrix.k == 4 and narrow.matrix.writes > 3000  # the shipped rows' first 4 candidates
-    assert "warmed on" in narrow.header["matrix_start"]
+    assert narrow.matrix_state.matrix.k == 4 and narrow.matrix_state.matrix.writes > 3000  # the shipped rows' first 4 candidates
+    assert "warmed on" in narrow.live.header["matrix_start"]
 
 
 def test_a_page_tree_over_the_cap_is_refused_with_the_cap_named(hub):  # noqa: F811
@@ -96,8 +96,9 @@ def test_a_page_tree_over_the_cap_is_refused_with_the_cap_named(hub):  # noqa: F
 @pytest.mark.parametrize("tokens", [0, 100000])
 def test_out_of_range_token_counts_get_a_message(hub, tokens):  # noqa: F811
     h = Handlers(hub, 256)
-    args = ("embedded", "auto", 8, tokens, True, True, "Token Recycling (TR)", 0, 1, 0, "hot")
-    out = h.step(None, PROMPT, *args, False, None)
+    page = dict(model="embedded", tree="auto", k=8, max_new_tokens=tokens, hot_start=True, lookup=True,
+                method="Token Recycling (TR)", temperature=0, top_p=1, seed=0, start="hot")
+    out = h.step(None, None, PROMPT, **page)
     assert "between 1 and 256" in out[-1]
 
 
@@ -106,12 +107,12 @@ def test_teach_frames_show_no_verdict_before_it_happens(hub):  # noqa: F811
     sess = Session()
     for _ in range(2):
         sess.step(hub, PROMPT, settings(tree="tr-16"), cap=256)
-    second = sess.race.decoder.steps[1]
-    sess.frame = 1
+    second = sess.live.race.decoder.steps[1]
+    sess.cursor.frame = 1
     out = h.render(sess)
     text, counters, phases = out[4], out[5], out[7]
-    assert text.count('title="step ') == len(sess.race.decoder.steps[0].committed)  # step 2's tokens not yet
-    first = sess.race.baseline[0]  # greedy's side after step 1: as many tokens as TR's step 1 committed
+    assert text.count('title="step ') == len(sess.live.race.decoder.steps[0].committed)  # step 2's tokens not yet
+    first = sess.live.race.baseline[0]  # greedy's side after step 1: as many tokens as TR's step 1 committed
     forwards = re.search(r"forward passes</th><td>(\d+)</td><td>(\d+)</td>", counters)
     assert forwards and forwards.groups() == ("1", str(first["forwards"]))  # TR's and greedy's, step 2 not counted
     assert "counted at phase 3" in counters
@@ -120,9 +121,9 @@ def test_teach_frames_show_no_verdict_before_it_happens(hub):  # noqa: F811
     hovers = " ".join(h for t in out[1].data for h in (t.hovertext or []) if isinstance(h, str))
     assert "accepted" not in hovers and "rejected" not in hovers and "choice" not in hovers  # nor on hover
     assert "verdict comes at phase 3" in out[9]  # nor in the words for screen readers
-    sess.frame = 3
+    sess.cursor.frame = 3
     out = h.render(sess)
-    assert out[4].count('title="step ') == len(sess.race.decoder.output)  # accept: the new tokens are in
+    assert out[4].count('title="step ') == len(sess.live.race.decoder.output)  # accept: the new tokens are in
     assert "counted at phase 3" not in out[5] and "Phase ▶ shows it" in out[7].split("3. accept")[1]
     assert f"<b>{len(second.committed)}</b>" in out[7]
 
@@ -139,14 +140,15 @@ def test_the_sampling_sentence_compares_the_texts_before_it_speaks():
 
 def test_a_settings_change_says_the_next_step_starts_a_new_run(hub):  # noqa: F811
     h = Handlers(hub, 256)
-    base = ("embedded", "auto", 8, 24, True, True, "Token Recycling (TR)", 0, 1, 0, "hot")
-    sess = h.step(None, PROMPT, *base, False, None)[0]
-    assert h.settings_changed(sess, PROMPT, *base) == sess.message  # nothing changed: nothing new to say
-    said = h.settings_changed(sess, PROMPT, *base[:-1], "cold")
+    base = dict(model="embedded", tree="auto", k=8, max_new_tokens=24, hot_start=True, lookup=True,
+                method="Token Recycling (TR)", temperature=0, top_p=1, seed=0, start="hot")
+    sess = h.step(None, None, PROMPT, **base)[0]
+    assert h.settings_changed(sess, PROMPT, **base) == sess.message  # nothing changed: nothing new to say
+    said = h.settings_changed(sess, PROMPT, **{**base, "start": "cold"})
     assert "next Step starts a new run" in said and "cold start" in said
-    said = h.settings_changed(sess, PROMPT, *base[:7], 0.7, 1, 0, "hot")
+    said = h.settings_changed(sess, PROMPT, **{**base, "temperature": 0.7})
     assert "next Step starts a new run" in said
-    assert sess.race.decoder.steps  # the run shown stays until then
+    assert sess.live.race.decoder.steps  # the run shown stays until then
 
 
 @pytest.mark.parametrize("first", ["teach", "history", "prev_frame", "pick_node", "pick_token"])
@@ -158,9 +160,9 @@ def test_a_tab_whose_first_event_draws_nothing_still_starts_hot(hub, first):  # 
                    "prev_frame": lambda: h.prev_frame(None), "pick_node": lambda: h.pick_node("1:0", None),
                    "pick_token": lambda: h.pick_token("0:1", None)}[first]
     sess = first_event()[0]
-    out = h.step(None, PROMPT, "embedded", "auto", 8, 12, True, True, "Token Recycling (TR)", 0, 1, 0, "hot",
-                 True, sess)
-    assert out[0] is sess and "warmed on" in sess.header["matrix_start"] and sess.frame == 1
+    out = h.step(None, sess, PROMPT, teach=True, model="embedded", tree="auto", k=8, max_new_tokens=12, hot_start=True,
+                 lookup=True, method="Token Recycling (TR)", temperature=0, top_p=1, seed=0, start="hot")
+    assert out[0] is sess and "warmed on" in sess.live.header["matrix_start"] and sess.cursor.frame == 1
 
 
 def test_step_on_a_replay_walks_its_recording_and_run_live_runs_its_prompt(hub):  # noqa: F811
@@ -174,42 +176,44 @@ def test_step_on_a_replay_walks_its_recording_and_run_live_runs_its_prompt(hub):
     out = h.history(2, sess)
     assert "Replay of" in out[-1]  # a slider move: the status still speaks of the replay, not "Reset."
     out = h.prev_frame(sess)
-    assert "Replay of" in out[-1] and sess.shown == 1
-    args = ("embedded", "auto", 8, 12, True, True, "Token Recycling (TR)")
-    out = h.step(None, "a prompt typed meanwhile", *args, False, sess)  # Step walks the recording
-    assert sess.replay is not None and sess.race is None and sess.shown == 2
+    assert "Replay of" in out[-1] and sess.cursor.shown == 1
+    page = dict(model="embedded", tree="auto", k=8, max_new_tokens=12, hot_start=True, lookup=True,
+                method="Token Recycling (TR)")
+    out = h.step(None, sess, "a prompt typed meanwhile", **page)  # Step walks the recording
+    assert sess.replay is not None and sess.live.race is None and sess.cursor.shown == 2
     assert f"Replay: step 2 of {total}" in out[-1]
-    sess.shown = total
-    out = h.step(None, "", *args, False, sess)
-    assert sess.shown == total and "end of the replay" in out[-1] and not sess.in_progress
-    out = h.run_live(None, "a prompt typed meanwhile", *args, False, sess)  # the named action
-    assert sess.replay is None and sess.started_with[0] == prompt  # a live run of the replay's prompt
-    assert sess.started_with[1].method == "ptd" and len(sess.race.decoder.steps) == 1  # with its method
+    sess.cursor.shown = total
+    out = h.step(None, sess, "", **page)
+    assert sess.cursor.shown == total and "end of the replay" in out[-1] and not sess.in_progress
+    out = h.run_live(None, sess, "a prompt typed meanwhile", **page)  # the named action
+    assert sess.replay is None and sess.live.started_with[0] == prompt  # a live run of the replay's prompt
+    assert sess.live.started_with[1].method == "ptd" and len(sess.live.race.decoder.steps) == 1  # with its method
     assert "live run of the opened run's prompt" in out[-1]
     box = h.replay_controls(sess, "a prompt typed meanwhile", live=True)
     assert box[0] == "Progressive Tree Drafting (PTD)" and box[2] == prompt  # asked for by name: the box shows it
-    out = h.step(None, prompt, "embedded", "auto", 8, 12, True, True, "Progressive Tree Drafting (PTD)", False, sess)
-    assert len(sess.race.decoder.steps) == 2  # the box's prompt goes on with that run
+    out = h.step(None, sess, prompt, **{**page, "method": "Progressive Tree Drafting (PTD)"})
+    assert len(sess.live.race.decoder.steps) == 2  # the box's prompt goes on with that run
 
 
 def test_run_to_end_takes_one_step_per_event_and_stops_at_the_end_or_on_reset(hub):  # noqa: F811
     h = Handlers(hub, 256)
-    args = ("embedded", "tr-16", 8, 12, True, True, "Token Recycling (TR)")
-    out = h.run_start(None, PROMPT, *args, False, None)
+    page = dict(model="embedded", tree="tr-16", k=8, max_new_tokens=12, hot_start=True, lookup=True,
+                method="Token Recycling (TR)")
+    out = h.run_start(None, None, PROMPT, **page)
     sess = out[0]
-    assert len(sess.race.decoder.steps) == 1 and out[-5].active  # the first step, and the timer on
+    assert len(sess.live.race.decoder.steps) == 1 and out[-5].active  # the first step, and the timer on
     ticks = 0
     while sess.in_progress:
-        out = h.run_tick(None, PROMPT, *args, False, sess)
+        out = h.run_tick(None, sess, prompt=PROMPT, **page)
         ticks += 1
-    assert ticks == len(sess.race.decoder.steps) - 1  # one step per tick
+    assert ticks == len(sess.live.race.decoder.steps) - 1  # one step per tick
     assert not out[-5].active and "Done" in out[-6]
-    out = h.run_start(None, "Name a fruit.", *args, False, sess)
-    run = sess.race
-    out = h.run_tick(None, "Something else typed meanwhile.", *args[:2], 4, *args[3:], False, sess)
-    assert sess.race is run and len(run.decoder.steps) == 2  # edits while it runs never replace the run
+    out = h.run_start(None, sess, "Name a fruit.", **page)
+    run = sess.live.race
+    out = h.run_tick(None, sess, prompt="Something else typed meanwhile.", **{**page, "k": 4})
+    assert sess.live.race is run and len(run.decoder.steps) == 2  # edits while it runs never replace the run
     h.reset(None, sess)
-    late = h.run_tick(None, "Name a fruit.", *args, False, sess)  # a tick queued before Reset
+    late = h.run_tick(None, sess, prompt="Name a fruit.", **page)  # a tick queued before Reset
     assert sess.current() is None and late[-6] == "Reset." and not late[-5].active
 
 
@@ -240,7 +244,7 @@ def test_the_phase_note_says_when_drafts_hit_and_why_a_step_can_be_slower(hub): 
 
     sess = page_session()
     sess.step(hub, PROMPT, settings(hot_start=True), cap=256)  # step 1: its first drafts are exact
-    step = sess.race.decoder.steps[0]
+    step = sess.live.race.decoder.steps[0]
     assert step.accepted_drafts >= 1
     note = phase_html(step, hub.get(None).token_text)
     assert f"drafts hit:</b> {len(step.committed)} tokens from one forward pass" in note
@@ -254,11 +258,11 @@ def test_the_first_minute_command_reads_the_counters_of_a_fresh_tab(hub, capsys,
     from components.first_minute import FirstSteps, first_steps, main, summary
 
     sess, figures = first_steps(hub, PROMPT, 3, "hot", str(SHIPPED_MATRIX))
-    dec = sess.race.decoder
-    assert len(dec.steps) == 3 and "warmed on" in sess.header["matrix_start"]  # a fresh tab, hot, as the page
+    dec = sess.live.race.decoder
+    assert len(dec.steps) == 3 and "warmed on" in sess.live.header["matrix_start"]  # a fresh tab, hot, as the page
     assert dec.planner is not None and dec.lookup > 0  # the page's defaults: the auto tree, prompt lookup
     assert figures["tr"]["mat"] == pytest.approx(len(dec.output) / 3) and figures["tr"]["mat"] > 1.0
-    assert figures["speedup"] == sess.race.speedups[-1]
+    assert figures["speedup"] == sess.live.race.speedups[-1]
     lines = summary([FirstSteps("1", "stem", 5, 2.0, 1.2), FirstSteps("2", "stem", 5, 1.4, 1.1),
                      FirstSteps("3", "writing", 5, 1.6, 0.9)])
     assert lines[0].startswith("stem") and " 1 of 2 " in lines[0] and "median MAT 1.70" in lines[0]

@@ -10,7 +10,8 @@ from components.session import SETTINGS_FIELDS, Session
 
 from .test_app import PROMPT
 
-ARGS = ("embedded", "tr-16", 8, 12, True, True, "Token Recycling (TR)", 0.0, 1.0, 0, "hot")
+PAGE = dict(model="embedded", tree="tr-16", k=8, max_new_tokens=12, hot_start=True, lookup=True,
+            method="Token Recycling (TR)", temperature=0.0, top_p=1.0, seed=0, start="hot")
 
 
 def test_the_counters_lead_with_mat_and_take_the_speedup_apart():
@@ -28,14 +29,14 @@ def test_a_failed_model_switch_keeps_the_run_shown(hub):
     h = Handlers(hub, 256)
     sess = Session()
     for _ in range(2):
-        h.step(None, PROMPT, *ARGS, False, sess)
+        h.step(None, sess, PROMPT, **PAGE)
     text = sess.views()[3]
-    out = h.step(None, PROMPT, "nobody/nothing-7b", *ARGS[1:], False, sess)
+    out = h.step(None, sess, PROMPT, **{**PAGE, "model": "nobody/nothing-7b"})
     assert "The run shown stays" in out[-1]
-    assert sess.race is None and len(sess.view().steps) == 2 and sess.views()[3] == text  # detached, the same
+    assert sess.live.race is None and len(sess.view().steps) == 2 and sess.views()[3] == text  # detached, the same
     assert "step 2 of 2" in out[-2].label
-    out = h.step(None, PROMPT, *ARGS, False, sess)  # the model that loads: a new run, from step 1
-    assert len(sess.view().steps) == 1 and sess.kept is None
+    out = h.step(None, sess, PROMPT, **PAGE)  # the model that loads: a new run, from step 1
+    assert len(sess.view().steps) == 1 and sess.live.kept is None
 
 
 def test_the_browsers_copy_of_a_tab_brings_back_its_prompt_settings_and_run(hub):
@@ -43,13 +44,13 @@ def test_the_browsers_copy_of_a_tab_brings_back_its_prompt_settings_and_run(hub)
     files = RunFiles(h)
     sess = Session()
     for _ in range(3):
-        h.step(None, PROMPT, *ARGS, False, sess)
+        h.step(None, sess, PROMPT, **PAGE)
     _button, kept = files.prepare(sess)
     assert kept["prompt"] == PROMPT and kept["run"] and set(kept["settings"]) == set(SETTINGS_FIELDS)
     out = files.restore(None, kept)  # a reload: a new session from what the browser kept
     restored, prompt, fields = out[0], out[-1 - len(SETTINGS_FIELDS)], out[-len(SETTINGS_FIELDS):]
     assert restored is not sess and len(restored.view().steps) == 3 and prompt == PROMPT
-    assert fields[SETTINGS_FIELDS.index("tree")] == "tr-16" and fields[SETTINGS_FIELDS.index("method")] == ARGS[6]
+    assert fields[SETTINGS_FIELDS.index("tree")] == "tr-16" and fields[SETTINGS_FIELDS.index("method")] == PAGE["method"]
     assert restored.view().output == sess.view().output
     out = files.restore(None, {**kept, "run": "{not a run"})  # a damaged copy: the prompt and settings alone
     assert out[0].view() is None and out[-1 - len(SETTINGS_FIELDS)] == PROMPT

@@ -10,8 +10,7 @@ import threading
 import pytest
 
 from components.model_hub import ModelHub
-from components.handlers import make_settings
-from components.session import SHIPPED_MATRIX, Session
+from components.session import SETTINGS_FIELDS, SHIPPED_MATRIX, Session, Settings
 from tr_core.models import EMBEDDED_LABEL
 
 from .conftest import free_port
@@ -45,10 +44,10 @@ def args_for(i: int) -> tuple:
 def alone(hub, i: int) -> str:
     """The output text panel the same session would show after STEPS steps with the server to itself."""
     prompt, *settings = args_for(i)
-    sess = Session(warm_file=str(SHIPPED_MATRIX))  # as the page makes a tab: the shipped hot start
-    s = make_settings(*settings)
+    sess = Session.starting_from(warm_file=str(SHIPPED_MATRIX))  # as the page makes a tab: the shipped hot start
+    s = Settings.from_inputs(dict(zip(SETTINGS_FIELDS, settings)))  # the API's values, in its order
     for _ in range(STEPS):
-        if sess.race is not None and sess.race.done:
+        if sess.live.race is not None and sess.live.race.done:
             break
         sess.step(hub, prompt, s, cap=256)
     return sess.views()[3]
@@ -119,7 +118,7 @@ def test_concurrent_sessions_are_isolated_and_memory_is_stable(embedded_lm):
                     expected[i] = alone(hub, i)
                 assert texts[i] == expected[i], f"round {r + 1}: session {i} saw something other than alone"
             wait_freed(1 + SESSIONS * (r + 1))
-            assert all(s.closed and s.race is None and s.matrix is None for s in freed)
+            assert all(s.closed and s.live.race is None and s.matrix_state.matrix is None for s in freed)
             rounds.append((live, rss_mb()))
         (live1, after1), (live2, after2) = rounds
         print(f"\nload: {SESSIONS} sessions x {STEPS} steps, 2 rounds; RSS {before:.0f} MB before, "

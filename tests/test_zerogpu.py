@@ -141,16 +141,17 @@ def test_a_recorded_run_steps_through_history_teach_frames_run_files_and_reset(t
     for _ in range(3):
         h.advance(sess, "w3 w4 w5 w3 w4", s)
     assert calls == ["w3 w4 w5 w3 w4"] and sess.view() is not None and len(sess.view().steps) == 3
-    assert sess.race is None and sess.in_progress and sess.matrix.table.device.type == "cpu"
-    full = len(sess.recorded.steps)
-    assert sess.view().output == sum((st.committed for st in sess.recorded.steps[:3]), [])
+    assert sess.live.race is None and sess.in_progress and sess.matrix_state.matrix.table.device.type == "cpu"
+    full = len(sess.recorded.run.steps)
+    assert sess.view().output == sum((st.committed for st in sess.recorded.run.steps[:3]), [])
     h.history(2, sess)
-    assert sess.view().clamp(sess.shown) == 2  # the history moves within what was shown
-    sess.frame = 4
-    h.next_frame(None, "w3 w4 w5 w3 w4", "tiny", "auto", 8, 30, True, False, "Token Recycling (TR)", True, sess)
-    assert sess.shown == 3 and sess.frame == 1 and calls == ["w3 w4 w5 w3 w4"]  # the next shown step, no GPU call
+    assert sess.view().clamp(sess.cursor.shown) == 2  # the history moves within what was shown
+    sess.cursor.frame = 4
+    h.next_frame(None, sess, "w3 w4 w5 w3 w4", teach=True, model="tiny", tree="auto", k=8, max_new_tokens=30,
+                 hot_start=True, lookup=False, method="Token Recycling (TR)")
+    assert sess.cursor.shown == 3 and sess.cursor.frame == 1 and calls == ["w3 w4 w5 w3 w4"]  # the next shown step, no GPU call
     h.prev_frame(sess)
-    assert (sess.shown, sess.frame) == (2, 4)
+    assert (sess.cursor.shown, sess.cursor.frame) == (2, 4)
     doc = read_run(open(run_file_for(sess)).read())
     assert len(doc.steps) == 3  # Save run: what was shown so far
     assert sess.save_matrix(folder=str(tmp_path)).endswith(".safetensors")
@@ -159,7 +160,7 @@ def test_a_recorded_run_steps_through_history_teach_frames_run_files_and_reset(t
     assert len(sess.view().steps) == full and "Done" in sess.message and calls == ["w3 w4 w5 w3 w4"]
     assert sess.view().figures(full)["identical"]
     h.advance(sess, "w3 w4 w5 w3 w4", s)  # Step after the end: a new recording, from the kept matrix
-    assert len(calls) == 2 and sess.revealed == 1
+    assert len(calls) == 2 and sess.recorded.revealed == 1
 
     def reset_meanwhile(*args):  # Reset pressed while the GPU call runs: its recording is dropped
         sess.reset()

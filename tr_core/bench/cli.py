@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import platform
 import sys
+from typing import NamedTuple
 
 import torch
 
@@ -49,66 +50,95 @@ def cost_curve_meta(lm) -> dict | None:
             "per_cache_ms": c.per_cache * 1e3, "per_cache_fixed_ms": c.per_cache_fixed * 1e3}
 
 
-def main(argv: list[str] | None = None) -> int:
+# The command's options, in the order ``--help`` lists them: (flags, argparse keywords).
+OPTIONS = [
+    (("--prompts",), dict(required=True, help=PROMPTS_HELP)),
+    (("--limit",), dict(type=int, default=2, help="at most N prompts per category")),
+    (("--offset",), dict(type=int, default=None,
+                         help="skip the first N prompts of each category (default 0: the evaluation split)")),
+    (("--split",), dict(choices=sorted(SPLITS), default="eval",
+                        help="eval: the first 10 per category (what the README reports); calib: the rest "
+                             "(what python -m tr_core.bench.calibrate learns from); --offset overrides")),
+    (("--max-new-tokens",), dict(type=int, default=64)),
+    (("--methods",), dict(default="greedy,tr",
+                          help="comma list (greedy, its A/A copy and hf-greedy always run): tr (device default), tr:uniform "
+                               "(no learnt priors), tr:TREE (the paper's method exactly on TREE), tr:TREE+pldN (TREE, our drafting, N tokens retrieved from the context), tr:bestN (the best N draft nodes a step, tree and retrieval together: a GPU's budget), pld, hf-pld, "
+                               "hf-pld:same, ptd (cost-aware on CPU), ptd:paper, ptd:TxD")),
+    (("--tree",), dict(default=None, help="tree for plain 'tr' (preset, chain-N or JSON file)")),
+    (("--lookup",), dict(type=int, default=None,
+                         help="prompt-lookup tokens merged into plain 'tr' trees (0 = off; default 24, cut by the planner to what pays)")),
+    (("--k",), dict(type=int, default=8, help="candidates per matrix row")),
+    (("--matrix",), dict(default=None,
+                         help="a matrix file every prompt's 'tr' starts from, as the app's hot start does (default: "
+                              "from empty, carried over from prompt to prompt)")),
+    (("--model",), dict(default=None, help="'embedded' (default), a HF id, a folder or a .gguf file")),
+    (("--device",), dict(default=None)),
+    (("--dtype",), dict(default=None)),
+    (("--warmup",), dict(type=int, default=1)),
+    (("--json",), dict(default=None, help="write the summary here")),
+    (("--csv",), dict(default=None, help="write one row per method and category here")),
+    (("--chart",), dict(default=None, help="write a speedup chart here (.html, and .png with kaleido)")),
+    (("--no-group",), dict(action="store_true", help="keep MT-bench's eight subcategories apart")),
+    (("--temperature",), dict(type=float, default=0.0,
+                              help="0 = greedy (default); above 0: lossless sampling for every method, baseline plain sampling")),
+    (("--top-p",), dict(type=float, default=1.0)),
+    (("--top-k",), dict(type=int, default=0)),
+    (("--seed",), dict(type=int, default=0)),
+    (("--turns",), dict(type=int, choices=(1, 2), default=1,
+                        help="2: also run second turns (MT-bench), after greedy's first answer")),
+    (("--no-prepack",), dict(action="store_true",
+                             help="keep PyTorch's default CPU linear kernels (see tr_core.prepack)")),
+    (("--peers",), dict(choices=("untouched", "same"), default="untouched",
+                        help="which model the hf-greedy and hf-pld peers run on: untouched (default): a second copy "
+                             "loaded as transformers loads it, nothing of ours applied (twice the memory); same: the "
+                             "model our decoders run on (our kernels; one copy)")),
+    (("--quiet",), dict(action="store_true", help="no progress bar")),
+    (("--save-runs",), dict(default=None, metavar="DIR",
+                            help="also write one run file per prompt and method (the app opens and replays them)")),
+    (("--concurrency",), dict(default=None, metavar="N,N,...",
+                              help="a class: at each N, N prompts decoded together, one forward a round, TR against "
+                                   "greedy (e.g. 1,4,8,16; tr_core.bench.classroom)")),
+    (("--repeats",), dict(type=int, default=2, help="with --concurrency: runs of each method at each N")),
+]
+
+
+class Setup(NamedTuple):
+    """What a benchmark runs: the prompts, the sampling (None: greedy), the model and the methods."""
+
+    prompts: list
+    sampling: SamplingConfig | None
+    lm: object
+    specs: list
+
+
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m tr_core.bench", description=__doc__)
-    ap.add_argument("--prompts", required=True, help=PROMPTS_HELP)
-    ap.add_argument("--limit", type=int, default=2, help="at most N prompts per category")
-    ap.add_argument("--offset", type=int, default=None,
-                    help="skip the first N prompts of each category (default 0: the evaluation split)")
-    ap.add_argument("--split", choices=sorted(SPLITS), default="eval",
-                    help="eval: the first 10 per category (what the README reports); calib: the rest "
-                         "(what python -m tr_core.bench.calibrate learns from); --offset overrides")
-    ap.add_argument("--max-new-tokens", type=int, default=64)
-    ap.add_argument("--methods", default="greedy,tr",
-                    help="comma list (greedy, its A/A copy and hf-greedy always run): tr (device default), tr:uniform "
-                         "(no learnt priors), tr:TREE (the paper's method exactly on TREE), tr:TREE+pldN (TREE, our drafting, N tokens retrieved from the context), tr:bestN (the best N draft nodes a step, tree and retrieval together: a GPU's budget), pld, hf-pld, "
-                         "hf-pld:same, ptd (cost-aware on CPU), ptd:paper, ptd:TxD")
-    ap.add_argument("--tree", default=None, help="tree for plain 'tr' (preset, chain-N or JSON file)")
-    ap.add_argument("--lookup", type=int, default=None,
-                    help="prompt-lookup tokens merged into plain 'tr' trees (0 = off; default 24, cut by the planner to what pays)")
-    ap.add_argument("--k", type=int, default=8, help="candidates per matrix row")
-    ap.add_argument("--matrix", default=None,
-                    help="a matrix file every prompt's 'tr' starts from, as the app's hot start does (default: "
-                         "from empty, carried over from prompt to prompt)")
-    ap.add_argument("--model", default=None, help="'embedded' (default), a HF id, a folder or a .gguf file")
-    ap.add_argument("--device", default=None)
-    ap.add_argument("--dtype", default=None)
-    ap.add_argument("--warmup", type=int, default=1)
-    ap.add_argument("--json", default=None, help="write the summary here")
-    ap.add_argument("--csv", default=None, help="write one row per method and category here")
-    ap.add_argument("--chart", default=None, help="write a speedup chart here (.html, and .png with kaleido)")
-    ap.add_argument("--no-group", action="store_true", help="keep MT-bench's eight subcategories apart")
-    ap.add_argument("--temperature", type=float, default=0.0,
-                    help="0 = greedy (default); above 0: lossless sampling for every method, baseline plain sampling")
-    ap.add_argument("--top-p", type=float, default=1.0)
-    ap.add_argument("--top-k", type=int, default=0)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--turns", type=int, choices=(1, 2), default=1,
-                    help="2: also run second turns (MT-bench), after greedy's first answer")
-    ap.add_argument("--no-prepack", action="store_true",
-                    help="keep PyTorch's default CPU linear kernels (see tr_core.prepack)")
-    ap.add_argument("--peers", choices=("untouched", "same"), default="untouched",
-                    help="which model the hf-greedy and hf-pld peers run on: untouched (default): a second copy "
-                         "loaded as transformers loads it, nothing of ours applied (twice the memory); same: the "
-                         "model our decoders run on (our kernels; one copy)")
-    ap.add_argument("--quiet", action="store_true", help="no progress bar")
-    ap.add_argument("--save-runs", default=None, metavar="DIR",
-                    help="also write one run file per prompt and method (the app opens and replays them)")
-    ap.add_argument("--concurrency", default=None, metavar="N,N,...",
-                    help="a class: at each N, N prompts decoded together, one forward a round, TR against greedy "
-                         "(e.g. 1,4,8,16; tr_core.bench.classroom)")
-    ap.add_argument("--repeats", type=int, default=2, help="with --concurrency: runs of each method at each N")
-    args = ap.parse_args(argv)
+    for flags, kw in OPTIONS:
+        ap.add_argument(*flags, **kw)
+    return ap
+
+
+def check_args(ap: argparse.ArgumentParser, args) -> None:
+    """Refuse values no run can use (``ap.error`` exits with the usage line)."""
     if args.max_new_tokens < 1 or args.limit < 1 or args.k < 1:
         ap.error("--max-new-tokens, --limit and --k must be at least 1")
     if args.warmup < 0 or (args.offset is not None and args.offset < 0) or (args.lookup is not None and args.lookup < 0):
         ap.error("--warmup, --offset and --lookup cannot be negative")
     if args.temperature < 0:
         ap.error("--temperature cannot be negative (0 is greedy decoding)")
-    offset = SPLITS[args.split] if args.offset is None else args.offset
-    overlap = calibration_overlap(args.prompts, offset, args.limit, args.no_group)
-    if overlap:
-        print(f"WARNING: {overlap}", file=sys.stderr)
+
+
+def peers_fit(args, lm) -> None:
+    """``--peers untouched`` where a second copy of the model fits; else the peers run on the same model, said."""
+    if args.peers == "untouched" and not second_copy_fits(lm):
+        print(f"note: a second copy of {lm.name} ({model_bytes(lm) / 2**30:.1f} GiB) does not fit in the "
+              f"{(free_memory(lm.device) or 0) / 2**30:.1f} GiB free on {lm.device}: the peers run on the same "
+              "model (--peers same)", file=sys.stderr)
+        args.peers = "same"
+
+
+def set_up(ap: argparse.ArgumentParser, args, offset: int) -> Setup | int:
+    """The prompts, sampling, model and methods; else the exit code, the error said on stderr."""
     lm = None
     try:
         prompts = load_prompts(args.prompts, args.limit, group=not args.no_group, offset=offset)
@@ -117,15 +147,9 @@ def main(argv: list[str] | None = None) -> int:
         sampling = (SamplingConfig(args.temperature, args.top_p, args.top_k, args.seed)
                     if args.temperature > 0 else None)
         lm = load_model(args.model, args.device, args.dtype, prepack=not args.no_prepack)
-        if args.concurrency:
-            from .classroom import run_class
-
-            return run_class(args, lm, prompts, argv)
-        if args.peers == "untouched" and not second_copy_fits(lm):
-            print(f"note: a second copy of {lm.name} ({model_bytes(lm) / 2**30:.1f} GiB) does not fit in the "
-                  f"{(free_memory(lm.device) or 0) / 2**30:.1f} GiB free on {lm.device}: the peers run on the same "
-                  "model (--peers same)", file=sys.stderr)
-            args.peers = "same"
+        if args.concurrency:  # a class: its own decoders (tr_core.bench.classroom), no peers
+            return Setup(prompts, sampling, lm, [])
+        peers_fit(args, lm)
         plain = load_untouched(args.model, lm.device, lm.dtype) if args.peers == "untouched" else None
         specs = parse_methods(args.methods, lm, args.tree, args.k, args.lookup, sampling, plain, args.matrix)
     except (OSError, ValueError, ModelLoadError, TreeError) as err:
@@ -135,15 +159,11 @@ def main(argv: list[str] | None = None) -> int:
         device = lm.device if lm is not None else (args.device or "cuda")
         print(f"error: {oom_message(args.model or 'the embedded model', args.dtype or 'auto', device)}", file=sys.stderr)
         return 3
-    try:
-        runs = run_benchmark(lm, prompts, specs, args.max_new_tokens, args.warmup, progress=not args.quiet,
-                             turns=args.turns, compare=sampling is None)
-    except torch.OutOfMemoryError:
-        release_device_memory(lm.device)
-        print(f"error: {oom_message(lm.name, lm.dtype, lm.device)}", file=sys.stderr)
-        return 3
-    meta = run_meta(args, lm, specs, sampling, offset)
-    summary = summarize(runs, meta)
+    return Setup(prompts, sampling, lm, specs)
+
+
+def say_summary(summary: dict) -> None:
+    """The table on stdout; warnings, and any method's difference from greedy, on stderr."""
     print(format_table(summary))
     for warning in summary["warnings"]:
         print(f"WARNING: {warning}", file=sys.stderr)
@@ -152,6 +172,10 @@ def main(argv: list[str] | None = None) -> int:
             bugs = [x for x in m["mismatches"] if x.get("cause") != "near-tie"]
             print(f"{'WARNING' if bugs else 'note'}: {name} differs from greedy on {len(m['mismatches'])} prompt(s), "
                   f"{len(bugs)} not explained by rounding: {bugs or m['mismatches']}", file=sys.stderr)
+
+
+def write_outputs(args, argv: list[str] | None, summary: dict, setup: Setup) -> None:
+    """The files asked for: summary JSON, CSV, chart, run files."""
     if args.json:
         write_json(summary, args.json, "python -m tr_core.bench", argv)
     if args.csv:
@@ -161,6 +185,33 @@ def main(argv: list[str] | None = None) -> int:
     if args.save_runs:
         from ..runs import save_runs
 
-        print("run files:", len(save_runs(args.save_runs, lm, prompts, specs, args.max_new_tokens)))
-    return 0
+        print("run files:", len(save_runs(args.save_runs, setup.lm, setup.prompts, setup.specs, args.max_new_tokens)))
 
+
+def main(argv: list[str] | None = None) -> int:
+    ap = build_parser()
+    args = ap.parse_args(argv)
+    check_args(ap, args)
+    offset = SPLITS[args.split] if args.offset is None else args.offset
+    overlap = calibration_overlap(args.prompts, offset, args.limit, args.no_group)
+    if overlap:
+        print(f"WARNING: {overlap}", file=sys.stderr)
+    setup = set_up(ap, args, offset)
+    if isinstance(setup, int):
+        return setup
+    lm = setup.lm
+    if args.concurrency:
+        from .classroom import run_class
+
+        return run_class(args, lm, setup.prompts, argv)
+    try:
+        runs = run_benchmark(lm, setup.prompts, setup.specs, args.max_new_tokens, args.warmup,
+                             progress=not args.quiet, turns=args.turns, compare=setup.sampling is None)
+    except torch.OutOfMemoryError:
+        release_device_memory(lm.device)
+        print(f"error: {oom_message(lm.name, lm.dtype, lm.device)}", file=sys.stderr)
+        return 3
+    summary = summarize(runs, run_meta(args, lm, setup.specs, setup.sampling, offset))
+    say_summary(summary)
+    write_outputs(args, argv, summary, setup)
+    return 0
