@@ -27,6 +27,7 @@ from tr_core.models import EMBEDDED_LABEL
 from tr_core.trees import list_presets
 
 ASSETS = Path(__file__).with_name("assets")
+BATCH_TABS = 16  # tabs whose steps run alongside, their forwards shared (more wait in the queue, told their place)
 MODEL_CHOICES = [EMBEDDED_LABEL, "Qwen/Qwen2.5-0.5B-Instruct", "meta-llama/Llama-3.2-1B-Instruct",
                  "lmsys/vicuna-7b-v1.3"]
 KEYS = ("Keys: <kbd>S</kbd> step <kbd>P</kbd> play <kbd>R</kbd> run/stop <kbd>N</kbd>/<kbd>B</kbd> next/previous "
@@ -181,8 +182,10 @@ def compare_tab() -> dict:
 
 
 def wire(demo: gr.Blocks, h: Handlers, session, ui: dict, cmp: dict, hub: ModelHub, cap: int,
-         recorder: Recorder | None = None) -> None:
-    """Events: model work in one concurrency group (one forward at a time); the rest answers at once.
+         recorder: Recorder | None = None, batch_tabs: int = BATCH_TABS) -> None:
+    """Events: steps in their own concurrency group, up to ``batch_tabs`` tabs at once, whose forwards the
+    handlers' batcher shares (a tab alone steps as it would by itself); other model work (start-up,
+    Compare, Reset, matrix files) one at a time; the rest answers at once.
     The stepping handlers take their inputs by name (``inputs_kwargs``), in the order of the API's
     parameters: the prompt, the settings fields, Teach mode (and the tab's session, which the API hides)."""
     gpu, files = gpu_wrapped(h), RunFiles(h)
@@ -192,7 +195,8 @@ def wire(demo: gr.Blocks, h: Handlers, session, ui: dict, cmp: dict, hub: ModelH
     step_in = {"prompt": ui["prompt"], **settings_in, "teach": ui["teach"], "sess": session}
     # a step waiting for the model keeps the panels as they are; its place in the queue shows on the status line
     model = dict(concurrency_id="model", concurrency_limit=1)
-    stepping = dict(model, show_progress_on=[ui["status"]])
+    # steps of different tabs run alongside: their forwards are shared (Handlers.batcher), a tab's own one at a time
+    stepping = dict(concurrency_id="steps", concurrency_limit=batch_tabs, show_progress_on=[ui["status"]])
     play = [ui["timer"], ui["play"]]
     buttons = [ui["step"], ui["play"], ui["run"], ui["stop"]]
     # the run file and the browser's copy, after a step; never while a step runs (the race's times stay its own)
@@ -280,7 +284,7 @@ def wire_compare(h: Handlers, ui: dict, cmp: dict, hub: ModelHub, cap: int, mode
         cmp["go"].click(compare, [ui["prompt"], s["model"], s["max_new"]], [cmp["plot"], cmp["table"]],
                         show_progress_on=[cmp["table"]], **model)
     else:
-        steps = CompareSteps(hub, cap)
+        steps = CompareSteps(hub, cap, alone=h.batcher.exclusive)
         running = [cmp["state"], cmp["plot"], cmp["table"], cmp["timer"], cmp["go"], cmp["cancel"]]
         cmp["go"].click(steps.begin, [ui["prompt"], s["model"], s["max_new"]], running, show_progress="hidden", **model)
         cmp["timer"].tick(gpu_task(steps.tick), cmp["state"], running, trigger_mode="once", show_progress="hidden",
@@ -300,11 +304,10 @@ def warm_or_say_handler(hub: ModelHub, curve_on_gpu=None, done: Handlers | None 
     """The page-load handler: the model and its cost curve (``curve_on_gpu``: measured in a ZeroGPU call);
     ``done.ready`` is set once it has ended, so that a step pressed earlier is said to wait."""
     def warm_up(progress=gr.Progress()) -> str:
-        try:
+        if done is None:
             return warm_or_say(hub, progress, curve_on_gpu)
-        finally:
-            if done is not None:
-                done.ready = True
+        with done.starting_up():
+            return warm_or_say(hub, progress, curve_on_gpu)
     return warm_up
 
 

@@ -8,21 +8,26 @@ passes them as ``inputs_kwargs``): ``sess``, ``prompt``, ``teach``, and the sett
 """
 from __future__ import annotations
 
+import threading
 import time
+from contextlib import contextmanager
 from dataclasses import replace
 
 import gradio as gr
 import torch
 
+from tr_core.batching import Batcher
 from tr_core.devices import oom_message, release_device_memory
 from tr_core.models import ModelLoadError
 
 from .memory import release_freed_memory
+
 from .model_hub import ModelHub
 from .panels import draw_panels
 from .session import COLD, METHODS, SHIPPED_MATRIX, Session, Settings, Superseded, UserError
 from .zerogpu import gpu_task
 
+START_WAIT = 600  # seconds a step pressed during start-up waits for it at most
 IDLE_SECONDS = 300  # a tab idle this long gives its KV caches back (rebuilt when it steps again)
 LONG_PROMPT = 2000  # characters: a prompt this long says that its first step reads it first
 RESET_WAIT = 30.0  # Reset waits at most this long for the tab's step in flight to end
@@ -50,8 +55,22 @@ class Handlers:
         self.hub, self.cap, self.matrix_path, self.on_session_end = hub, cap, matrix_path, on_session_end
         self.record = record
         self.live: dict[str, Session] = {}
-        self.ready = False  # start-up (the page-load handler) has ended, in success or not
+        self.ready = False  # a start-up (the page-load handler) has ended, in success or not
+        self._no_start_up = threading.Event()  # set while no start-up runs (steps wait for one that does)
+        self._no_start_up.set()
+        self.batcher = Batcher()  # every tab's steps that wait together run in one forward
         hub.on_evict.append(self.forget_model)
+
+    @contextmanager
+    def starting_up(self):
+        """Start-up (loading the model, measuring its forwards) runs inside: steps wait for its end, so
+        that its measurements have the machine alone; then the tab is ``ready``."""
+        self._no_start_up.clear()
+        try:
+            yield
+        finally:
+            self.ready = True
+            self._no_start_up.set()
 
     def note_if_starting(self) -> None:
         """A Step (or Run) pressed during start-up: say that it waits, and why (it runs afterwards)."""
@@ -71,6 +90,7 @@ class Handlers:
         if sess is not None:
             return sess
         sess = Session.starting_from(self.matrix_path, str(SHIPPED_MATRIX))
+        sess.forwards = self.batcher.run
         if request is not None and request.session_hash:
             self.live[request.session_hash] = sess
         return sess
@@ -103,7 +123,9 @@ class Handlers:
         return freed
 
     def advance(self, sess: Session, prompt, s: Settings) -> None:
-        """One step of the tab's run, live or (ZeroGPU) recorded; every other tab's idle caches go."""
+        """One step of the tab's run, live or (ZeroGPU) recorded, once start-up has ended (steps run
+        alongside each other, start-up alone); every other tab's idle caches go."""
+        self._no_start_up.wait(timeout=START_WAIT)
         sess.flight.touch()
         self.free_idle()
         if str(prompt or "").strip():

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import re
 import tempfile
+import threading
 import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
@@ -363,6 +364,7 @@ class InFlight:
     """What is under way in the tab: steps running, Play and Run to end, Stop, and when it last acted."""
 
     busy: int = 0  # steps in flight (Reset waits for them)
+    turn: threading.Lock = field(default_factory=threading.Lock, repr=False)  # one step of this tab at a time
     epoch: int = 0  # counts resets: a run set up across one is dropped
     stop: bool = False  # Stop or Reset pressed while a run holds the session
     running: object = None  # the run Run to end steps (its ticks never start another)
@@ -372,12 +374,14 @@ class InFlight:
 
     @contextmanager
     def working(self):
-        """Marks a step in flight (Reset waits for it: :meth:`wait_idle`)."""
-        self.busy += 1
-        try:
-            yield
-        finally:
-            self.busy -= 1
+        """Marks a step in flight (Reset waits for it: :meth:`wait_idle`); the tab's steps run one at a
+        time (other tabs' steps run alongside, their forwards shared: ``tr_core.batching``)."""
+        with self.turn:
+            self.busy += 1
+            try:
+                yield
+            finally:
+                self.busy -= 1
 
     def wait_idle(self, timeout: float) -> bool:
         """Wait until no step of this tab is in flight (at most ``timeout`` seconds); True if none is."""
@@ -405,6 +409,7 @@ class Session:
     notice: str = ""  # said once with the next status message
     run_folder: str | None = None  # where its run file is written for download
     closed: bool = False  # freed when its tab closed or its state expired
+    forwards: object = field(default=None, repr=False)  # the server's Batcher.run: forwards shared with other tabs
 
     @classmethod
     def starting_from(cls, start_file: str | None = None, warm_file: str | None = None) -> Session:
@@ -451,7 +456,7 @@ class Session:
             planner = self.matrix_state.planner_for(lm, k, s.hot_start) if s.tree == "auto" else None
             decoder = TokenRecyclingDecoder(lm, tree=s.tree, k=k, matrix=matrix, planner=planner,
                                             max_new_tokens=tokens, lookup=int(s.lookup), sampling=sampling)
-        return Race(decoder, GreedyDecoder(lm, tokens, sampling=sampling))
+        return Race(decoder, GreedyDecoder(lm, tokens, sampling=sampling), forwards=self.forwards)
 
     def needs_new_race(self, prompt: str, s: Settings) -> bool:
         race = self.live.race

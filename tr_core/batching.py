@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import threading
 import time
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -158,7 +158,15 @@ class Batcher:
         self._lock = threading.Lock()
         self._queue: list[_Job] = []
         self._busy = False
+        self._alone = threading.Lock()  # held by each forward, and by whoever needs the model alone
         self.sizes: list[int] = []  # requests per forward run, for the benchmark and the tests
+
+    @contextmanager
+    def exclusive(self):
+        """No forward of this batcher runs while this is held: for work that must have the machine to
+        itself (a timed comparison, measuring the cost curve).  Steps asked for meanwhile queue."""
+        with self._alone:
+            yield
 
     def run(self, lm: LoadedModel, requests: list[ForwardRequest]) -> list[torch.Tensor]:
         """``run_forwards(lm, requests)``, in one forward with whatever else is waiting."""
@@ -187,7 +195,21 @@ class Batcher:
         return batch
 
     def _lead(self) -> None:
-        batch = self._take()
+        with self._alone:
+            batch = self._take()
+            self._forward(batch)
+        with self._lock:
+            after = self._queue[0] if self._queue else None
+            self._busy = after is not None
+            if after is not None:
+                after.lead = True
+        for job in batch:
+            job.ready.set()
+        if after is not None:
+            after.ready.set()
+
+    def _forward(self, batch: list["_Job"]) -> None:
+        """One forward of every request of ``batch``; each job gets its logits, or the error."""
         started = time.perf_counter()
         requests = [r for job in batch for r in job.requests]
         for job in batch:
@@ -201,15 +223,6 @@ class Batcher:
             for job in batch:
                 job.error = err
         self.sizes.append(len(requests))
-        with self._lock:
-            after = self._queue[0] if self._queue else None
-            self._busy = after is not None
-            if after is not None:
-                after.lead = True
-        for job in batch:
-            job.ready.set()
-        if after is not None:
-            after.ready.set()
 
 
 class _Job:
