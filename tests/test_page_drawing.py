@@ -1,10 +1,11 @@
 """The page's drawing without a model or a browser: blank-like tokens shown with signs wherever tokens are
-drawn."""
+drawn, the tree's labels placed clear of one another at every width."""
 from __future__ import annotations
 
 from components.heatmap import heatmap_figure
 from components.text_view import output_html
 from components.tokens import blank_like, token_html, visible
+from components.tree_labels import WIDTHS, Box, Frame, Mark, label_box, overlap, place_labels
 from components.tree_plot import tree_figure
 from tr_core.trace import DraftTree, RowUpdate, Step
 
@@ -32,6 +33,38 @@ def test_blank_like_tokens_are_shown_with_signs_wherever_tokens_are_drawn():
     assert '<span class="signs">_</span>' in text and '<span class="signs">‹' not in text
     tree = tree_figure(a_step(), text_of)
     labels = {x for t in tree.data for x in (t.text or []) if x}
-    assert {"‹_›", "␣"} <= labels, labels  # the root's first row: "_" and " "
+    assert {"‹_›", "␣", "‹__›"} <= labels, labels  # the root's first row: "_", " ", and the ★ "__"
     cells = {c for row in heatmap_figure(a_step(), text_of).data[0].text for c in row}
     assert {"‹_›", "␣", "↵", "␣␣", "→", "‹__›"} <= cells, cells
+
+
+def test_labels_placed_are_clear_of_one_another_and_of_the_nodes_at_every_width():
+    """Crowded nodes (a row of ten, close together): every label placed keeps clear of every other and of
+    every other node at the narrowest and the widest plot; the first ``must`` are all labelled."""
+    marks = [Mark(0, 0, 22, "root")] + [Mark(-1 + k * 0.2, -1, 9, f"token{k}", 9) for k in range(11)]
+    marks += [Mark(-1 + k * 0.5, -2, 16, "supercalifragilistic"[: 3 + 2 * k]) for k in range(5)]
+    frame = Frame(-1.3, 1.3, -2.8, 0.3, 200)
+    sides = place_labels(marks, list(range(len(marks))), frame, {}, must=2)
+    assert {0, 1} <= set(sides) and len(sides) < len(marks)  # the crowded row loses some labels
+    boxes = [label_box(marks[i], side, frame) for i, side in sides.items()]
+    dots = [Box(m.x, -m.size / 2, m.size, frame.top(m.y) - m.size / 2, m.size) for m in marks]
+    scales = frame.scales()
+    assert scales[0] == (WIDTHS[0] - 12) / 2.6
+    assert not any(overlap(a, b, scales) for k, a in enumerate(boxes) for b in boxes[k + 1:])
+    for (i, _), box in zip(sides.items(), boxes):
+        assert not any(overlap(box, dot, scales) for j, dot in enumerate(dots) if j != i), i
+
+
+def test_before_the_verdict_the_tree_is_laid_out_alike_whichever_path_is_accepted():
+    """Teach mode's frames 1-2: the ★'s place (a child of the path's end once shown) leaves no gap that tells
+    where the accepted path ends."""
+    def nodes(step, frame):
+        fig = tree_figure(step, text_of, frame=frame)
+        trace = next(t for t in fig.data if t.customdata is not None)
+        return sorted(zip(trace.customdata, trace.x, trace.y)), fig.layout.xaxis.range, fig.layout.yaxis.range
+
+    one, other = a_step(), a_step()
+    other.accepted_path = [0, 2]
+    for frame in (1, 2):
+        assert nodes(one, frame) == nodes(other, frame)
+    assert nodes(one, 3) != nodes(other, 3)  # once shown, the ★ hangs under the path's end
