@@ -63,13 +63,13 @@ def edge_trace(edges, color: str, width: float, dash: str | None = None) -> go.S
 
 
 # legend lines of at most about 55 characters: they fit a phone's width (390 px)
-LEGEND = ("<span style='color:#1f4e99'>●</span> root = last token · <span style='color:#2e9d4f'>●</span> accepted "
-          "draft · <span style='color:#9aa1a9'>●</span> rejected<br><span style='color:#8e44ad'>●</span> prompt "
-          "lookup: copied from earlier in the text<br><span style='color:#e0a100'>★</span> the token the model "
-          "added itself · click a node")
-EMPTY_LEGEND = "<br>∅ hollow: drafted from a row never written:<br>it predicts nothing"
+ROOT_LEGEND = "<span style='color:#1f4e99'>●</span> root: last committed token, where this step starts"
+LEGEND = (f"{ROOT_LEGEND}<br><span style='color:#2e9d4f'>●</span> accepted draft · <span style='color:#9aa1a9'>●"
+          "</span> rejected · <span style='color:#e0a100'>★</span> the model's own token<br><span "
+          "style='color:#8e44ad'>●</span> prompt lookup: copied from the text · click a node")
+EMPTY_LEGEND = "<br>∅ hollow: the matrix had no candidates after its parent<br>(its row is still empty): a blank draft"
 FRAME_LEGEND = {1: "Phase 1, retrieve: the drafts, read row by row from M<br>"
-                   "<span style='color:#6c8ebf'>●</span> a draft (verdict at phase 2)",
+                   f"{ROOT_LEGEND}<br><span style='color:#6c8ebf'>●</span> a draft (verdict at phase 2)",
                 2: "Phase 2, verify: one forward checks every node<br><span style='color:#2e9d4f'>●</span> the "
                    "model chose this token after its parent<br><span style='color:#d0455b'>✕</span> it chose "
                    "another · <span style='color:#c9ced4'>●</span> faded: below a ✕, no verdict",
@@ -113,9 +113,8 @@ def tree_legend(step: Step | None, frame: int) -> str:
     if not step.blank_under:
         return legend
     n = step.blank_drafts
-    return legend + (f"<br>∅ hollow leaf: its node's row was never written, so<br>the {n} place{'s' * (n != 1)} below "
-                     f"would predict nothing: {'they are' if n != 1 else 'it is'}<br>left out of the forward pass, "
-                     "and nothing hangs there")
+    return legend + ("<br>∅: the matrix had no candidates after the token above<br>it (its row is still empty), "
+                     f"so nothing was drafted<br>below it ({n} place{'s' * (n != 1)} of the tree shape left out)")
 
 
 def tree_figure(step: Step | None, token_text, title: str = "", frame: int = 0, picked: int | None = None):
@@ -241,8 +240,8 @@ def _edges(fig: go.Figure, step: Step, pos: dict, show_path: bool) -> None:
 
 
 def _blank_leaves(fig: go.Figure, step: Step, token_text, pos: dict, spot: dict) -> None:
-    """One hollow ∅ leaf, on a dotted edge, under each node whose children were left out (its row was never
-    written, ``Step.blank_under``): the places the tree shape had there, sent to no forward."""
+    """One hollow ∅ leaf, on a dotted edge, under each node whose children were left out (its row was still
+    empty, ``Step.blank_under``): the places the tree shape had there, sent to no forward."""
     under = list(spot)
     if not under:
         return
@@ -251,9 +250,9 @@ def _blank_leaves(fig: go.Figure, step: Step, token_text, pos: dict, spot: dict)
         name="left out", x=[spot[i][0] for i in under], y=[spot[i][1] for i in under], mode="markers+text",
         text=["∅"] * len(under), textposition="middle center", textfont=dict(size=10, color=EMPTY_COLOR),
         marker=dict(size=17, symbol="circle-open", color=EMPTY_COLOR, line_width=1.5), cliponaxis=False,
-        hovertext=[f"<b>∅ left out</b> under {visible(token_text(step.tree.tokens[i]), 30)}<br>its matrix row was "
-                   "never written, so the tree's places below it would be blank drafts (the row's zeros, not "
-                   "predictions):<br>they are left out: no forward tokens, and nothing drafted under them"
+        hovertext=[f"<b>∅ left out</b> under {visible(token_text(step.tree.tokens[i]), 30)}<br>the matrix had no "
+                   "candidates after this token yet (its row is still empty, never written),<br>so nothing was "
+                   "drafted below it: the tree's places there are left out of the forward pass"
                    for i in under], hoverinfo="text"))
 
 

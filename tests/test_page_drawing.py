@@ -1,12 +1,15 @@
 """The page's drawing without a model or a browser: blank-like tokens shown with signs wherever tokens are
-drawn, the tree's labels placed clear of one another at every width."""
+drawn, the ∅ and ▶ signs explained in words a student reads once, the tree's labels placed clear of one another
+at every width."""
 from __future__ import annotations
 
-from components.heatmap import heatmap_figure
+import re
+
+from components.heatmap import heatmap_figure, legend
 from components.text_view import output_html
 from components.tokens import blank_like, token_html, visible
 from components.tree_labels import WIDTHS, Box, Frame, Mark, label_box, overlap, place_labels
-from components.tree_plot import tree_figure
+from components.tree_plot import LEGEND, tree_figure
 from tr_core.trace import DraftTree, RowUpdate, Step
 
 TEXTS = {1: "_", 2: " ", 3: "\n", 4: "  ", 5: "cat", 6: " dog", 7: "\t", 8: "__", 9: "\xa0"}
@@ -36,6 +39,16 @@ def test_blank_like_tokens_are_shown_with_signs_wherever_tokens_are_drawn():
     assert {"‹_›", "␣", "‹__›"} <= labels, labels  # the root's first row: "_", " ", and the ★ "__"
     cells = {c for row in heatmap_figure(a_step(), text_of).data[0].text for c in row}
     assert {"‹_›", "␣", "↵", "␣␣", "→", "‹__›"} <= cells, cells
+
+
+def test_the_empty_sign_and_the_root_marker_are_explained_in_plain_words():
+    words = re.sub("<[^>]+>", " ", tree_figure(a_step(blank_under=[2]), text_of).layout.title.text)
+    assert "∅: the matrix had no candidates after the token above" in words
+    assert "row is still empty" in words and "nothing was drafted" in words and "node's row" not in words
+    assert "root: last committed token, where this step starts" in re.sub("<[^>]+>", "", LEGEND)
+    for frame in range(5):
+        said = re.sub("<[^>]+>", "", legend(frame).replace("<br>", " "))
+        assert re.search("▶ the .*root.* the last committed token, where this step starts", said), said
 
 
 def test_labels_placed_are_clear_of_one_another_and_of_the_nodes_at_every_width():
