@@ -9,6 +9,7 @@ from .tokens import visible
 from .tree_plot import HEIGHT, titled
 
 MAX_ROWS = 20
+ROW_PX = 26  # the tallest a row is drawn
 CELL_CHARS = 6  # a cell's token, shortened to fit a phone's 8 columns (its hover has it whole)
 # 0 = same token at the same rank, 1 = moved from another rank, 2 = new to the row, 3 = empty (never written)
 SCALE = [[0.0, "#eef1f4"], [0.24, "#eef1f4"], [0.25, "#ffe08a"], [0.49, "#ffe08a"], [0.5, "#f08a4b"],
@@ -75,8 +76,15 @@ def heatmap_figure(step: Step | None, token_text, frame: int = 0, picked: list[i
              f"The matrix M: {len(rows)} row{'s' * (len(rows) != 1)} written{more or ' this step'}{note}")
     titled(fig, title, legend(frame))
     fig.update_layout(yaxis=dict(tickmode="array", tickvals=list(range(len(shown))), ticktext=ylabels,
-                                 autorange="reversed", tickfont=dict(size=10)), xaxis=dict(side="top", title=None))
+                                 range=[rows_tall(fig, len(shown)) - 0.5, -0.5], tickfont=dict(size=10)),
+                      xaxis=dict(side="top", title=None))
     return fig
+
+
+def rows_tall(fig: go.Figure, rows: int) -> float:
+    """How many rows the y axis spans: ``rows``, or more when fewer would draw a row taller than ``ROW_PX``
+    (a step with one row or a few draws them at a row's height, from the top)."""
+    return max(rows, (fig.layout.height - fig.layout.margin.t - fig.layout.margin.b) / ROW_PX)
 
 
 def _ordered_rows(step: Step, picked: list[int], by_path: bool = True) -> list[RowUpdate]:

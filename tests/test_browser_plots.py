@@ -1,17 +1,19 @@
 """The tree's and the matrix's drawing in a real browser (Debian's chromium via Playwright), without a model:
 the figures of the example runs and of made-up steps (a chain, a path ending on an empty row, blank-like
 tokens) are drawn by plotly.js at a phone's and a wide screen's plot width, and their boxes measured: no
-label over another, the ★ and the accepted path's end inside the tree's frame."""
+label over another, the ★ and the accepted path's end inside the tree's frame, a lone matrix row at a row's
+height."""
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
 
+from components.heatmap import heatmap_figure
 from components.tokens import visible
 from components.tree_plot import TREE_HEIGHT, tree_figure
 from tr_core.runs import read_run
-from tr_core.trace import DraftTree, Step
+from tr_core.trace import DraftTree, RowUpdate, Step
 
 RUNS = Path(__file__).resolve().parents[1] / "assets" / "runs"
 WIDTHS = (300, 370, 500)  # a narrow column, a phone (390 px), the first screen at 1280x800
@@ -111,3 +113,17 @@ def test_tree_labels_never_overlap_and_the_frame_holds_the_star_and_the_path_end
                     bad.append((k, frame, width, "the path's end outside the frame"))
     assert not bad, bad[:10]
 
+
+def test_a_lone_matrix_row_is_drawn_at_a_row_height(plot_page):
+    """One row written (or a few) draws at a row's height from the top, not stretched over the panel."""
+    row = 30  # px: a row of the matrix as drawn for a step of about ten rows
+    tree = DraftTree([5, 6], [-1, 0], [0, 1], [0, 0], ["root", "matrix"])
+    rows = [RowUpdate(5, [0] * 8, list(range(10, 18))), RowUpdate(6, list(range(20, 28)), list(range(21, 29)))]
+    for n in (1, 2):
+        step = Step(1, "tr", tree, [0, 1], [6, 1], [6, 1], rows[:n], 2, 10, {})
+        fig = heatmap_figure(step, words)
+        plot_page.evaluate("([id, fig]) => { document.getElementById(id).style.height = fig.layout.height + 'px';"
+                           " Plotly.react(id, fig.data, fig.layout); }", ["w500", fig.to_plotly_json()])
+        drawn = plot_page.locator("#w500 .hm image").bounding_box()
+        assert drawn["height"] <= n * row, (n, drawn)
+        plot_page.locator("#w500").evaluate(f"d => d.style.height = '{TREE_HEIGHT}px'")

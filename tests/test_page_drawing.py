@@ -1,11 +1,11 @@
 """The page's drawing without a model or a browser: blank-like tokens shown with signs wherever tokens are
 drawn, the ∅ and ▶ signs explained in words a student reads once, the tree's labels placed clear of one another
-at every width."""
+at every width, a lone matrix row at a row's height."""
 from __future__ import annotations
 
 import re
 
-from components.heatmap import heatmap_figure, legend
+from components.heatmap import ROW_PX, heatmap_figure, legend
 from components.text_view import output_html
 from components.tokens import blank_like, token_html, visible
 from components.tree_labels import WIDTHS, Box, Frame, Mark, label_box, overlap, place_labels
@@ -49,6 +49,13 @@ def test_the_empty_sign_and_the_root_marker_are_explained_in_plain_words():
     for frame in range(5):
         said = re.sub("<[^>]+>", "", legend(frame).replace("<br>", " "))
         assert re.search("▶ the .*root.* the last committed token, where this step starts", said), said
+
+
+def test_a_lone_matrix_row_is_drawn_at_a_row_height():
+    fig = heatmap_figure(a_step(rows=[RowUpdate(5, [0] * 8, list(range(10, 18)))]), text_of)
+    top, bottom = sorted(fig.layout.yaxis.range)
+    area = fig.layout.height - fig.layout.margin.t - fig.layout.margin.b
+    assert area / (bottom - top) <= ROW_PX  # one row: a row's height, the rest of the panel left blank
 
 
 def test_labels_placed_are_clear_of_one_another_and_of_the_nodes_at_every_width():
