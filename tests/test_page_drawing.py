@@ -1,10 +1,11 @@
 """The page's drawing without a model or a browser: blank-like tokens shown with signs wherever tokens are
-drawn, the ∅ and ▶ signs explained in words a student reads once, the tree's labels placed clear of one another
-at every width, a lone matrix row at a row's height."""
+drawn, the ∅ and ▶ signs explained in words a student reads once, MAT's meaning beside its figure, the tree's
+labels placed clear of one another at every width, a lone matrix row at a row's height."""
 from __future__ import annotations
 
 import re
 
+from components.counters import counters_html
 from components.heatmap import ROW_PX, heatmap_figure, legend
 from components.text_view import output_html
 from components.tokens import blank_like, token_html, visible
@@ -49,6 +50,16 @@ def test_the_empty_sign_and_the_root_marker_are_explained_in_plain_words():
     for frame in range(5):
         said = re.sub("<[^>]+>", "", legend(frame).replace("<br>", " "))
         assert re.search("▶ the .*root.* the last committed token, where this step starts", said), said
+
+
+def test_mat_is_explained_beside_its_figure():
+    fig = {"tr": {"tokens": 30, "forwards": 12, "mat": 2.5, "tok_per_s": 15.0, "seconds": 2.0},
+           "greedy": {"tokens": 30, "forwards": 30, "mat": 1.0, "tok_per_s": 12.0, "seconds": 2.5},
+           "speedup": 1.25, "identical": True, "compared": 30}
+    html = counters_html(fig)
+    lead = html[html.index("mat-lead"):html.index("<table")]  # before the table: on the first screen
+    assert "MAT <b>2.50</b> tokens per forward pass" in lead
+    assert "mean accepted tokens" in lead and "greedy commits 1.00 a pass" in lead
 
 
 def test_a_lone_matrix_row_is_drawn_at_a_row_height():
