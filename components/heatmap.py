@@ -9,16 +9,27 @@ from .tokens import visible
 from .tree_plot import HEIGHT, titled
 
 MAX_ROWS = 20
+ROW_PX = 26  # the tallest a row is drawn
 CELL_CHARS = 6  # a cell's token, shortened to fit a phone's 8 columns (its hover has it whole)
 # 0 = same token at the same rank, 1 = moved from another rank, 2 = new to the row, 3 = empty (never written)
 SCALE = [[0.0, "#eef1f4"], [0.24, "#eef1f4"], [0.25, "#ffe08a"], [0.49, "#ffe08a"], [0.5, "#f08a4b"],
          [0.74, "#f08a4b"], [0.75, "#ffffff"], [1.0, "#ffffff"]]
-ROWS = ("each row: a token ·its id (its vocabulary number)<br>and its k likeliest next tokens · "
-        "▶ the accepted path<br>")  # lines for a phone
-AFTER = (f"{ROWS}<b>after</b> this step's writes<br>against the row before: <span style='color:#999'>"
-         "■</span> unchanged <span style='color:#e0b000'>■</span> other rank <span style='color:#f08a4b'>"
-         "■</span> new<br>∅ never written: no prediction · ␣ space · ↵ new line")
-BEFORE = f"{ROWS}<b>before</b> this step's writes<br>what the drafts were read from<br>∅ never written: no prediction · ␣ space · ↵ new line"
+ROWS = "each row: a token ·its id (its vocabulary number)<br>and its k likeliest next tokens<br>"  # a phone's lines
+PATH = "▶ the accepted path, from the root: the last<br>committed token, where this step starts<br>"
+ROOT = "▶ the tree's root: the last committed token, where<br>this step starts (the path is known at phase 3)<br>"
+SIGNS = "∅ never written: no candidates · ␣ space · ↵ new line"
+COLOURS = ("<span style='color:#999'>■</span> unchanged <span style='color:#e0b000'>■</span> other rank "
+           "<span style='color:#f08a4b'>■</span> new")
+
+
+def legend(frame: int) -> str:
+    """The lines under the matrix's title: what a row and ▶ are, before or after the writes, the signs."""
+    marks = ROOT if frame in (1, 2) else PATH  # before the verdict ▶ marks the root's row alone
+    if frame in (1, 2, 3):
+        return f"{ROWS}{marks}<b>before</b> this step's writes: what the drafts read<br>{SIGNS}"
+    return f"{ROWS}{marks}<b>after</b> the writes: {COLOURS}<br>{SIGNS}"
+
+
 EMPTY_START = "Each step writes the rows of every token<br>it ran through the model (the recycling)."
 
 
@@ -31,7 +42,7 @@ def heatmap_figure(step: Step | None, token_text, frame: int = 0, picked: list[i
     if step is not None and step.method != "tr":  # no TR words under another method
         titled(fig, "No matrix for this method", "The matrix M is Token Recycling's: shown when TR runs")
     else:
-        titled(fig, "The matrix M: each token's k candidates", BEFORE if before else AFTER)
+        titled(fig, "The matrix M: each token's k candidates", legend(frame))
     if step is None or not step.rows_written:
         words = {"greedy": "Greedy decoding keeps no matrix",
                  "ptd": "PTD keeps no matrix: its drafts are n-grams<br>from its tries (see the phase strip)"}
@@ -63,10 +74,17 @@ def heatmap_figure(step: Step | None, token_text, frame: int = 0, picked: list[i
     # Teach mode before recycling (frames 1-3): the rows as the drafts read them, nothing of the writes to come
     title = (f"The matrix M: the {len(rows)} row{'s' * (len(rows) != 1)} of this step's tree{more}" if before else
              f"The matrix M: {len(rows)} row{'s' * (len(rows) != 1)} written{more or ' this step'}{note}")
-    titled(fig, title, BEFORE if before else AFTER)
+    titled(fig, title, legend(frame))
     fig.update_layout(yaxis=dict(tickmode="array", tickvals=list(range(len(shown))), ticktext=ylabels,
-                                 autorange="reversed", tickfont=dict(size=10)), xaxis=dict(side="top", title=None))
+                                 range=[rows_tall(fig, len(shown)) - 0.5, -0.5], tickfont=dict(size=10)),
+                      xaxis=dict(side="top", title=None))
     return fig
+
+
+def rows_tall(fig: go.Figure, rows: int) -> float:
+    """How many rows the y axis spans: ``rows``, or more when fewer would draw a row taller than ``ROW_PX``
+    (a step with one row or a few draws them at a row's height, from the top)."""
+    return max(rows, (fig.layout.height - fig.layout.margin.t - fig.layout.margin.b) / ROW_PX)
 
 
 def _ordered_rows(step: Step, picked: list[int], by_path: bool = True) -> list[RowUpdate]:

@@ -5,7 +5,7 @@ import html
 
 from tr_core.trace import Step
 
-from .tokens import html_text
+from .tokens import html_text, token_html
 
 LEGEND = ('<span class="tok tok-draft">accepted draft</span> '
           '<span class="tok tok-own">model\'s own token</span> '
@@ -43,7 +43,7 @@ def output_html(steps: list[Step], token_text, special: set[int] = frozenset(), 
                 cls.append("tok-end")
                 body = f"end {html_text(token_text(tok))}"
             else:
-                body = html_text(token_text(tok))
+                body = token_html(token_text(tok))
             parts.append(f'<span class="{" ".join(cls)}" data-step="{step.index}" data-pos="{pos}" '
                          f'title="{title}" role="listitem">{body}</span>')
             pos += 1

@@ -6,6 +6,7 @@ import plotly.graph_objects as go
 from tr_core.trace import Step
 
 from .tokens import visible
+from .tree_labels import Frame, Mark, frame_for, place_labels
 
 HEIGHT = 370
 TREE_HEIGHT = HEIGHT - 34  # the tree's tabs take the rest: tree and matrix end level
@@ -62,13 +63,13 @@ def edge_trace(edges, color: str, width: float, dash: str | None = None) -> go.S
 
 
 # legend lines of at most about 55 characters: they fit a phone's width (390 px)
-LEGEND = ("<span style='color:#1f4e99'>●</span> root = last token · <span style='color:#2e9d4f'>●</span> accepted "
-          "draft · <span style='color:#9aa1a9'>●</span> rejected<br><span style='color:#8e44ad'>●</span> prompt "
-          "lookup: copied from earlier in the text<br><span style='color:#e0a100'>★</span> the token the model "
-          "added itself · click a node")
-EMPTY_LEGEND = "<br>∅ hollow: drafted from a row never written:<br>it predicts nothing"
+ROOT_LEGEND = "<span style='color:#1f4e99'>●</span> root: last committed token, where this step starts"
+LEGEND = (f"{ROOT_LEGEND}<br><span style='color:#2e9d4f'>●</span> accepted draft · <span style='color:#9aa1a9'>●"
+          "</span> rejected · <span style='color:#e0a100'>★</span> the model's own token<br><span "
+          "style='color:#8e44ad'>●</span> prompt lookup: copied from the text · click a node")
+EMPTY_LEGEND = "<br>∅ hollow: the matrix had no candidates after its parent<br>(its row is still empty): a blank draft"
 FRAME_LEGEND = {1: "Phase 1, retrieve: the drafts, read row by row from M<br>"
-                   "<span style='color:#6c8ebf'>●</span> a draft (verdict at phase 2)",
+                   f"{ROOT_LEGEND}<br><span style='color:#6c8ebf'>●</span> a draft (verdict at phase 2)",
                 2: "Phase 2, verify: one forward checks every node<br><span style='color:#2e9d4f'>●</span> the "
                    "model chose this token after its parent<br><span style='color:#d0455b'>✕</span> it chose "
                    "another · <span style='color:#c9ced4'>●</span> faded: below a ✕, no verdict",
@@ -102,48 +103,39 @@ KIND_STYLE = {  # colour, size, symbol
     "match": (COLORS["accepted"], 12, "circle"), "miss": ("#d0455b", 9, "x"), "moot": ("#c9ced4", 8, "circle")}
 
 
+def tree_legend(step: Step | None, frame: int) -> str:
+    """The legend lines under the tree's title: the frame's, then the ∅ sign's where the tree has one."""
+    legend = FRAME_LEGEND.get(frame, LEGEND)
+    if step is None:
+        return legend
+    if "empty" in (step.tree.sources or []):
+        return legend + EMPTY_LEGEND
+    if not step.blank_under:
+        return legend
+    n = step.blank_drafts
+    return legend + ("<br>∅: the matrix had no candidates after the token above<br>it (its row is still empty), "
+                     f"so nothing was drafted<br>below it ({n} place{'s' * (n != 1)} of the tree shape left out)")
+
+
 def tree_figure(step: Step | None, token_text, title: str = "", frame: int = 0, picked: int | None = None):
     """``token_text(id) -> str``.  ``frame``: 0 the whole step, 1-4 Teach mode's retrieve, verify,
     accept, recycle.  ``picked``: a node to ring (clicked).  Each node carries its index as customdata."""
     fig = blank_figure("", "tree")
-    empty = step is not None and "empty" in (step.tree.sources or [])
-    n = step.blank_drafts if step is not None else 0
-    left_out = (f"<br>∅ hollow leaf: its node's row was never written, so<br>the {n} place{'s' * (n != 1)} below "
-                f"would predict nothing: {'they are' if n != 1 else 'it is'}<br>left out of the forward pass, and "
-                "nothing hangs there") \
-        if step is not None and step.blank_under and not empty else ""
-    titled(fig, title or "Draft tree", FRAME_LEGEND.get(frame, LEGEND) + (EMPTY_LEGEND if empty else "") + left_out)
+    titled(fig, title or "Draft tree", tree_legend(step, frame))
     if step is None:
         fig.add_annotation(text="Enter a prompt and press Step", showarrow=False, font_size=16)
         return fig
-    t = step.tree
-    depths, parents = list(t.depths), list(t.parents)
-    pos = tree_layout(parents, depths)
-    accepted = set(step.accepted_path)
-    sources = t.sources or ["root"] + ["matrix"] * t.size
-    matches = [i > 0 and parents[i] < len(step.model_choices) and step.model_choices[parents[i]] == tok
-               for i, tok in enumerate(t.tokens)]
-    kinds = [node_kind(i, accepted, frame, sources, matches) for i in range(len(t.tokens))]
-    if frame == 2:  # under a ✕ the text differs from the model's: a verdict there cannot count
-        for i in range(1, len(kinds)):
-            if kinds[parents[i]] in ("miss", "moot"):
-                kinds[i] = "moot"
-    spots = _blank_spots(step, pos)
-    star = [_star_spot(step, pos)] if frame in (0, 3, 4) and step.committed else []
-    if star and step.accepted_path[-1]:  # the path's end is labelled left of it (clear of the ★): room there
-        x, y = pos[step.accepted_path[-1]]
-        star.append((x - 0.42, y))
-    _frame_axes(fig, [*pos.values(), *spots.values(), *star], depths)  # the ∅ leaves and the ★ inside too
-    show_path = frame in (0, 3, 4)
-    rejected_edges = [(pos[p], pos[i]) for i, p in enumerate(parents) if p >= 0 and (i not in accepted or not show_path)]
-    fig.add_trace(edge_trace(rejected_edges, "#dde1e6", 1))
-    if show_path:
-        fig.add_trace(edge_trace([(pos[a], pos[b]) for a, b in zip(step.accepted_path, step.accepted_path[1:])],
-                                 COLORS["accepted"], 4))
+    show_path = frame in (0, 3, 4)  # Teach mode's frames 1-2 tell nothing of the verdict, not even by a gap
+    pos, star, spots = _positions(step, show_path and bool(step.committed))
+    sources = step.tree.sources or ["root"] + ["matrix"] * step.tree.size
+    kinds = _kinds(step, frame, sources)
+    marks, order, prefer, must = _marks(step, token_text, pos, kinds, sources, star, spots)
+    sides = place_labels(marks, order, framed(fig, marks), prefer, must)
+    _edges(fig, step, pos, show_path)
     _blank_leaves(fig, step, token_text, pos, spots)
-    _node_trace(fig, step, token_text, pos, kinds, sources, picked, frame)
-    if show_path and step.committed:
-        _bonus_trace(fig, step, token_text, pos, depths)
+    _node_trace(fig, step, token_text, marks, kinds, sources, picked, frame, sides)
+    if show_path and star is not None:
+        _bonus_trace(fig, step, token_text, pos[step.accepted_path[-1]], star, sides.get(len(pos)))
     if step.sampled and show_path and len(step.accepted_path) > 1:  # the draw at each level, on the path it chose
         fig.add_trace(go.Scatter(x=[pos[i][0] for i in step.accepted_path[1:]],
                                  y=[pos[i][1] for i in step.accepted_path[1:]], mode="markers", hoverinfo="skip",
@@ -151,15 +143,105 @@ def tree_figure(step: Step | None, token_text, title: str = "", frame: int = 0, 
     return fig
 
 
-def _blank_spots(step: Step, pos: dict) -> dict[int, tuple[float, float]]:
-    """Where the ∅ leaf under each node of ``Step.blank_under`` sits: below and left of it; its sign is inside
-    its hollow circle, so no label of its own lies over another's."""
-    return {i: (pos[i][0] - 0.1, pos[i][1] - 0.72) for i in step.blank_under if i in pos}
+def framed(fig: go.Figure, marks: list[Mark]) -> Frame:
+    """The axes' ranges: room around the nodes for their labels (``tree_labels.frame_for``), in the plot
+    area's height (the figure's less its margins)."""
+    box = frame_for(marks, fig.layout.height - fig.layout.margin.t - fig.layout.margin.b)
+    fig.update_xaxes(range=[box.x0, box.x1])
+    fig.update_yaxes(range=[box.y0, box.y1])
+    return box
+
+
+def _positions(step: Step, with_star: bool):
+    """Node positions, the ★'s (``with_star``) and the ∅ leaves' (``{node: place}``): the ★ (the model's own
+    token after the accepted path's end) and each ∅ leaf take a place of their own in the tidy layout, as a
+    last child of their node, so that they lie over no node and no other label."""
+    t = step.tree
+    n = len(t.tokens)
+    blanks = [i for i in step.blank_under if 0 <= i < n]
+    extra = ([step.accepted_path[-1]] if with_star else []) + blanks
+    pos = tree_layout(list(t.parents) + extra, list(t.depths) + [t.depths[p] + 1 for p in extra])
+    star = pos[n] if with_star else None
+    return {i: pos[i] for i in range(n)}, star, {i: pos[n + with_star + k] for k, i in enumerate(blanks)}
+
+
+def _kinds(step: Step, frame: int, sources: list[str]) -> list[str]:
+    t = step.tree
+    matches = [i > 0 and t.parents[i] < len(step.model_choices) and step.model_choices[t.parents[i]] == tok
+               for i, tok in enumerate(t.tokens)]
+    kinds = [node_kind(i, set(step.accepted_path), frame, sources, matches) for i in range(len(t.tokens))]
+    if frame == 2:  # under a ✕ the text differs from the model's: a verdict there cannot count
+        for i in range(1, len(kinds)):
+            if kinds[t.parents[i]] in ("miss", "moot"):
+                kinds[i] = "moot"
+    return kinds
+
+
+def _style(kind: str, source: str) -> tuple[str, int, str]:
+    """A node's colour, size and symbol."""
+    color, size, symbol = KIND_STYLE[kind]
+    if source == "empty" and kind != "accepted":  # hollow, dark and larger than a grey rejected draft
+        return EMPTY_COLOR, 14, "circle-open"
+    if source == "lookup" and kind in ("rejected", "draft"):
+        return COLORS["lookup"], size, symbol
+    return color, size, symbol
+
+
+DIM = ("rejected", "miss", "draft", "moot")
+IMPORTANT = ("root", "accepted")
+
+
+def _marks(step: Step, token_text, pos, kinds, sources, star, spots):
+    """Every node as a ``Mark`` (the ★'s, then the ∅ leaves', after the tree's), the order in which their labels
+    are placed (root, accepted path and ★ first: labelled whatever comes; then the nodes over a ∅; then the
+    rest row by row), the sides each tries (``_sides``) and how many must be labelled.  A row of more than
+    ``CROWDED`` nodes labels only its root and accepted nodes (hover shows all)."""
+    t = step.tree
+    marks = []
+    for i, tok in enumerate(t.tokens):
+        text = "∅" if sources[i] == "empty" and kinds[i] != "accepted" else visible(token_text(tok), 10)
+        marks.append(Mark(*pos[i], _style(kinds[i], sources[i])[1], text, 9 if kinds[i] in DIM else 11))
+    if star is not None:
+        marks.append(Mark(*star, 18, visible(token_text(step.model_choices[step.accepted_path[-1]]), 10), 11))
+    marks += [Mark(*spots[i], 17) for i in spots]
+    rows = [round(m.y) for m in marks]
+    per_row = {r: rows.count(r) for r in set(rows)}
+    first = [i for i in range(len(t.tokens)) if kinds[i] in IMPORTANT] + ([len(t.tokens)] if star else [])
+    then = [i for i in spots if i not in first]  # the token above a ∅: the legend speaks of it
+    placed = set(first + then)
+    rest = sorted((i for i in range(len(t.tokens)) if i not in placed and per_row[rows[i]] <= CROWDED),
+                  key=lambda i: (-marks[i].y, marks[i].x))
+    parents = list(t.parents) + ([step.accepted_path[-1]] if star else []) + list(spots)
+    return marks, first + then + rest, _sides(marks, parents, per_row, rows), len(first)
+
+
+def _sides(marks: list[Mark], parents: list[int], per_row: dict, rows: list[int]) -> dict[int, tuple[str, ...]]:
+    """The sides a label tries, in order: below a leaf; beside a node with children (their edges leave from
+    below it; never below one with a child straight under it) or alone in its row (a chain's rows are close),
+    first on the side away from the edge to its parent."""
+    below = {p for i, p in enumerate(parents) if p >= 0 and marks[i].x == marks[p].x}
+    has_children, prefer = set(parents), {}
+    for i, m in enumerate(marks[:len(parents)]):
+        if i in has_children or per_row[rows[i]] == 1:
+            left = parents[i] >= 0 and marks[parents[i]].x > m.x  # the edge to its parent leaves up and right
+            prefer[i] = ("middle left", "middle right") if left else ("middle right", "middle left")
+            prefer[i] += () if i in below else ("bottom center",)
+    return prefer
+
+
+def _edges(fig: go.Figure, step: Step, pos: dict, show_path: bool) -> None:
+    """Grey edges, and the accepted path's in green once it is known."""
+    parents, path = step.tree.parents, step.accepted_path
+    shown = set(path) if show_path else set()
+    fig.add_trace(edge_trace([(pos[p], pos[i]) for i, p in enumerate(parents) if p >= 0 and i not in shown],
+                             "#dde1e6", 1))
+    if show_path:
+        fig.add_trace(edge_trace([(pos[a], pos[b]) for a, b in zip(path, path[1:])], COLORS["accepted"], 4))
 
 
 def _blank_leaves(fig: go.Figure, step: Step, token_text, pos: dict, spot: dict) -> None:
-    """One hollow ∅ leaf, on a dotted edge, under each node whose children were left out (its row was never
-    written, ``Step.blank_under``): the places the tree shape had there, sent to no forward."""
+    """One hollow ∅ leaf, on a dotted edge, under each node whose children were left out (its row was still
+    empty, ``Step.blank_under``): the places the tree shape had there, sent to no forward."""
     under = list(spot)
     if not under:
         return
@@ -168,56 +250,28 @@ def _blank_leaves(fig: go.Figure, step: Step, token_text, pos: dict, spot: dict)
         name="left out", x=[spot[i][0] for i in under], y=[spot[i][1] for i in under], mode="markers+text",
         text=["∅"] * len(under), textposition="middle center", textfont=dict(size=10, color=EMPTY_COLOR),
         marker=dict(size=17, symbol="circle-open", color=EMPTY_COLOR, line_width=1.5), cliponaxis=False,
-        hovertext=[f"<b>∅ left out</b> under {visible(token_text(step.tree.tokens[i]), 30)}<br>its matrix row was "
-                   "never written, so the tree's places below it would be blank drafts (the row's zeros, not "
-                   "predictions):<br>they are left out: no forward tokens, and nothing drafted under them"
+        hovertext=[f"<b>∅ left out</b> under {visible(token_text(step.tree.tokens[i]), 30)}<br>the matrix had no "
+                   "candidates after this token yet (its row is still empty, never written),<br>so nothing was "
+                   "drafted below it: the tree's places there are left out of the forward pass"
                    for i in under], hoverinfo="text"))
 
 
-def _frame_axes(fig: go.Figure, points: list[tuple[float, float]], depths: list[int]) -> None:
-    """Room for every point and its label (the bonus star and the ∅ leaves among them): the lowest point
-    sits at least 0.4 rows above the frame's bottom, whatever the depth of the accepted path's end; at least
-    three rows tall, so a tiny tree stays compact."""
-    xs = [x for x, _ in points]
-    mid, half = (max(xs) + min(xs)) / 2, max((max(xs) - min(xs)) / 2 + 0.12, 0.6)
-    deepest = max(depths) if depths else 0
-    lowest = min(y for _, y in points)
-    fig.update_xaxes(range=[mid - half, mid + half + 0.2])  # + the bonus star and its label, right of a node
-    fig.update_yaxes(range=[min(-max(deepest + 1.0, 2.5), lowest - 0.4), 0.45])
-
-
-def _node_trace(fig, step: Step, token_text, pos, kinds, sources, picked, frame: int = 0) -> None:
-    t, depths = step.tree, step.tree.depths
-    per_depth = {d: depths.count(d) for d in set(depths)}
-    order = sorted(range(len(kinds)), key=lambda j: kinds[j] in ("accepted", "root", "match"))  # dim ones first
-    labels, hovers, colors, sizes, symbols = [], [], [], [], []
-    for j in order:
-        color, size, symbol = KIND_STYLE[kinds[j]]
-        empty = sources[j] == "empty"
-        if sources[j] == "lookup" and kinds[j] in ("rejected", "draft"):
-            color = COLORS["lookup"]
-        text = "∅" if empty and kinds[j] != "accepted" else visible(token_text(t.tokens[j]), 10)  # every frame
-        crowded = per_depth[depths[j]] > CROWDED and kinds[j] not in ("root", "accepted")
-        labels.append("" if crowded else text)
-        if empty and kinds[j] != "accepted":  # hollow, dark and larger than a grey rejected draft
-            color, size, symbol = EMPTY_COLOR, 14, "circle-open"
-        colors.append(color)
-        sizes.append(size)
-        symbols.append(symbol)
-        hovers.append(_hover(step, j, token_text, sources, frame))
-    end = step.accepted_path[-1] if frame in (0, 3, 4) and step.committed and step.accepted_path else None
+def _node_trace(fig, step: Step, token_text, marks: list[Mark], kinds, sources, picked, frame: int,
+                sides: dict) -> None:
+    """The tree's nodes, dim ones first (drawn under the others); a label where ``sides`` places it."""
+    order = sorted(range(len(kinds)), key=lambda j: kinds[j] in ("accepted", "root", "match"))
+    styles = [_style(kinds[j], sources[j]) for j in order]
+    faded = [kinds[j] in ("rejected", "miss", "moot") for j in order]
     fig.add_trace(go.Scatter(
-        x=[pos[j][0] for j in order], y=[pos[j][1] for j in order], mode="markers+text", text=labels,
-        textposition=["middle left" if j == end and j else  # the ★ below right of it: its label beside it
-                      "middle right" if per_depth[depths[j]] == 1 else "bottom center" for j in order],  # chains
-        customdata=order,
-        textfont=dict(size=[9 if kinds[j] in ("rejected", "miss", "draft", "moot") else 11 for j in order],
-                      color=["#9aa1a9" if kinds[j] in ("rejected", "miss", "moot") else "#222" for j in order]),
-        marker=dict(size=sizes, color=colors, symbol=symbols, line=dict(width=1.5, color=colors),
-                    opacity=[0.6 if kinds[j] in ("rejected", "miss", "moot") else 1.0 for j in order]),
-        hovertext=hovers, hoverinfo="text"))
-    if picked is not None and 0 <= picked < len(t.tokens):
-        fig.add_trace(go.Scatter(x=[pos[picked][0]], y=[pos[picked][1]], mode="markers", hoverinfo="skip",
+        x=[marks[j].x for j in order], y=[marks[j].y for j in order], mode="markers+text", customdata=order,
+        text=[marks[j].text if j in sides else "" for j in order],
+        textposition=[sides.get(j, "bottom center") for j in order],
+        textfont=dict(size=[marks[j].font for j in order], color=["#9aa1a9" if f else "#222" for f in faded]),
+        marker=dict(size=[s[1] for s in styles], color=[s[0] for s in styles], symbol=[s[2] for s in styles],
+                    line=dict(width=1.5, color=[s[0] for s in styles]), opacity=[0.6 if f else 1.0 for f in faded]),
+        hovertext=[_hover(step, j, token_text, sources, frame) for j in order], hoverinfo="text"))
+    if picked is not None and 0 <= picked < len(kinds):
+        fig.add_trace(go.Scatter(x=[marks[picked].x], y=[marks[picked].y], mode="markers", hoverinfo="skip",
                                  marker=dict(size=30, symbol="circle-open", color="#d0455b", line_width=3)))
 
 
@@ -247,39 +301,18 @@ def _hover(step: Step, i: int, token_text, sources, frame: int = 0) -> str:
             "<br>click: show its matrix rows")
 
 
-def _star_spot(step: Step, pos: dict) -> tuple[float, float]:
-    """Where the ★ of the model's own token sits: below and right of the accepted path's end, clear of
-    that node's own label (under it) and of its children's row."""
-    x, y = pos[step.accepted_path[-1]]
-    return x + 0.09, y - 0.62
-
-
-def _bonus_trace(fig, step: Step, token_text, pos, depths) -> None:
-    """The ★ of the model's own token, on a dotted edge from the accepted path's end; its label is a
-    boxed note on the side with fewer nodes near it, drawn over whatever grey label lies beneath."""
-    last = step.accepted_path[-1]
-    star = _star_spot(step, pos)
-    fig.add_trace(edge_trace([(pos[last], star)], COLORS["bonus"], 3, "dot"))
-    bonus = step.model_choices[last]
+def _bonus_trace(fig, step: Step, token_text, end: tuple, star: tuple, side: str | None) -> None:
+    """The ★ of the model's own token, on a dotted edge from the accepted path's end ``end``; its label at
+    ``side`` (none when no side was clear)."""
+    fig.add_trace(edge_trace([(end, star)], COLORS["bonus"], 3, "dot"))
+    bonus = step.model_choices[step.accepted_path[-1]]
     fig.add_trace(go.Scatter(
-        name="model's own", x=[star[0]], y=[star[1]], mode="markers", cliponaxis=False,
-        marker=dict(size=18, symbol="star", color=COLORS["bonus"]),
+        name="model's own", x=[star[0]], y=[star[1]], mode="markers+text", cliponaxis=False,
+        text=[visible(token_text(bonus), 10) if side else ""], textposition=side or "bottom center",
+        textfont=dict(size=11, color="#6b4e00"), marker=dict(size=18, symbol="star", color=COLORS["bonus"]),
         hovertext=[f"<b>bonus</b> {visible(token_text(bonus), 30)} (id {bonus})<br>the model's own next "
                    f"token after the accepted path" + (" (sampled; no child matched it)" if step.sampled else "")],
         hoverinfo="text"))
-    near = [x for x, y in pos.values() if star[1] - 0.7 < y < star[1] + 0.7]  # the rows above and below
-    right = sum(1 for x in near if star[0] < x < star[0] + 0.45)
-    left = sum(1 for x in near if star[0] - 0.45 < x < star[0])
-    side = "left" if left < right or star[0] > 0.75 else "right"  # the right edge has no room for a label
-    fig.add_annotation(x=star[0], y=star[1], text=f"★ {html_label(visible(token_text(bonus), 10))}",
-                       showarrow=False, xanchor="right" if side == "left" else "left",
-                       xshift=-11 if side == "left" else 11, font=dict(size=11, color="#6b4e00"),
-                       bgcolor="rgba(255,255,255,0.92)", bordercolor=COLORS["bonus"], borderwidth=1, borderpad=1)
-
-
-def html_label(text: str) -> str:
-    """A token's text for an annotation (Plotly reads annotation text as HTML)."""
-    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
 DRAFT_LEGEND = ("<span style='color:#1f4e99'>●</span> root · <span style='color:#7f8c9a'>●</span> kept from earlier "
@@ -298,15 +331,19 @@ def draft_figure(step: Step | None, token_text, title: str = "") -> go.Figure:
                            else "The draft tree is empty", showarrow=False, font_size=14)
         return fig
     pos = tree_layout(list(d.parents), list(d.depths))
-    _frame_axes(fig, list(pos.values()), list(d.depths))
-    fig.add_trace(edge_trace([(pos[p], pos[i]) for i, p in enumerate(d.parents) if p >= 0], "#dde1e6", 1))
     fates = list(d.sources)
+    marks = [Mark(*pos[i], 20 if f == "root" else 13, visible(token_text(t), 10)) for i, (t, f) in
+             enumerate(zip(d.tokens, fates))]
+    order = sorted(range(len(marks)), key=lambda i: (-marks[i].y, marks[i].x))  # row by row
+    sides = place_labels(marks, order, framed(fig, marks), {})
+    fig.add_trace(edge_trace([(pos[p], pos[i]) for i, p in enumerate(d.parents) if p >= 0], "#dde1e6", 1))
     words = {"root": "the step's root: first-level branches sit at its position",
              "kept": "kept from earlier steps", "new": "the model's argmax, attached this step",
              "pruned": "pruned this step (depth stepping or the root window)"}
     fig.add_trace(go.Scatter(
         x=[pos[i][0] for i in range(len(d.tokens))], y=[pos[i][1] for i in range(len(d.tokens))],
-        mode="markers+text", text=[visible(token_text(t), 10) for t in d.tokens], textposition="bottom center",
+        mode="markers+text", text=[m.text if i in sides else "" for i, m in enumerate(marks)], textfont_size=11,
+        textposition=[sides.get(i, "bottom center") for i in range(len(marks))],
         marker=dict(size=[20 if f == "root" else 13 for f in fates], color=[FATE_COLORS[f] for f in fates],
                     symbol=["x" if f == "pruned" else "circle" for f in fates], line=dict(width=1, color="white")),
         hovertext=[f"<b>{visible(token_text(t), 30)}</b> (id {t}), depth {dep}<br>{words[f]}"

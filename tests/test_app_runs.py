@@ -102,7 +102,7 @@ def test_first_steps_leave_out_blank_drafts_say_so_and_stay_greedy(hub):  # noqa
     ghosts = [tr for tr in tree_fig.data if tr.text is not None and "∅" in list(tr.text)]
     assert len(ghosts) == 1 and len(ghosts[0].x) == len(second.blank_under) > 0  # a hollow ∅ leaf under each
     assert all("never written" in h and "left out" in h for h in ghosts[0].hovertext)
-    assert "hollow leaf" in tree_fig.layout.title.text
+    assert "no candidates after the token above" in tree_fig.layout.title.text
     assert "identical to greedy" in counters
     assert "Step 2 of 2" in alt
 

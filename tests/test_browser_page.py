@@ -1,5 +1,6 @@
-"""The page's layout in a real browser (Debian's chromium via Playwright): the answer in view at 1280x800
-and on a phone, finger-sized buttons, and Teach mode's accept frame telling nothing of the recycling.
+"""The page's layout in a real browser (Debian's chromium via Playwright): the answer and MAT's meaning in view
+at 1280x800, the text first on a phone, finger-sized buttons, and Teach mode's accept frame telling nothing of the
+recycling.
 One app server for the module, few steps, few tokens."""
 from __future__ import annotations
 
@@ -66,6 +67,9 @@ def test_the_answer_is_on_the_first_screen_at_1280x800(browser, small_app):
         assert tree["y"] + tree["height"] / 2 < 800, tree  # the tree on the first screen too, most of it
         speedup = box(page, "#counters tr.speedup")
         assert speedup["y"] + speedup["height"] <= 800, speedup  # and the counters down to the speedup
+        says = box(page, "#counters .mat-says")  # what MAT means, in one line beside the figure
+        assert says["y"] + says["height"] <= 800 and says["height"] < 20, says
+        assert "mean accepted tokens" in page.locator("#counters .mat-says").inner_text()
     finally:
         page.close()
 

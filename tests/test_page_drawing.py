@@ -1,0 +1,101 @@
+"""The page's drawing without a model or a browser: blank-like tokens shown with signs wherever tokens are
+drawn, the ∅ and ▶ signs explained in words a student reads once, MAT's meaning beside its figure, the tree's
+labels placed clear of one another at every width, a lone matrix row at a row's height."""
+from __future__ import annotations
+
+import re
+
+from components.counters import counters_html
+from components.heatmap import ROW_PX, heatmap_figure, legend
+from components.text_view import output_html
+from components.tokens import blank_like, token_html, visible
+from components.tree_labels import WIDTHS, Box, Frame, Mark, label_box, overlap, place_labels
+from components.tree_plot import LEGEND, tree_figure
+from tr_core.trace import DraftTree, RowUpdate, Step
+
+TEXTS = {1: "_", 2: " ", 3: "\n", 4: "  ", 5: "cat", 6: " dog", 7: "\t", 8: "__", 9: "\xa0"}
+
+
+def text_of(token_id: int) -> str:
+    return TEXTS.get(token_id, f"w{token_id}")
+
+
+def a_step(blank_under=(), rows=None) -> Step:
+    tree = DraftTree([5, 1, 2, 3, 4], [-1, 0, 0, 1, 1], [0, 1, 1, 2, 2], [0, 0, 1, 0, 1], ["root"] + ["matrix"] * 4)
+    rows = rows if rows is not None else [RowUpdate(t, [0] * 8, [1, 2, 3, 4, 7, 8, 9, 6]) for t in (5, 1)]
+    return Step(1, "tr", tree, [0, 1], [1, 8], [1, 8, 3, 9, 9], rows, 5, 10, {}, blank_under=list(blank_under),
+                blank_drafts=3 * len(blank_under))
+
+
+def test_blank_like_tokens_are_shown_with_signs_wherever_tokens_are_drawn():
+    assert [visible(t) for t in ("_", " ", "\n", "  ", "\t", "__", "\xa0", "\n  ")] == \
+        ["‹_›", "␣", "↵", "␣␣", "→", "‹__›", "⍽", "↵␣␣"]
+    assert visible(" dog") == "␣dog" and visible("a_b") == "a_b" and not blank_like(" dog") and blank_like("\r\n")
+    assert token_html(" dog") == " dog"  # a word reads as it is
+    assert token_html("_") == '<span class="signs">_</span>' and token_html("\n") == '<span class="signs">↵<br></span>'
+    text = output_html([a_step()], text_of)
+    assert '<span class="signs">_</span>' in text and '<span class="signs">‹' not in text
+    tree = tree_figure(a_step(), text_of)
+    labels = {x for t in tree.data for x in (t.text or []) if x}
+    assert {"‹_›", "␣", "‹__›"} <= labels, labels  # the root's first row: "_", " ", and the ★ "__"
+    cells = {c for row in heatmap_figure(a_step(), text_of).data[0].text for c in row}
+    assert {"‹_›", "␣", "↵", "␣␣", "→", "‹__›"} <= cells, cells
+
+
+def test_the_empty_sign_and_the_root_marker_are_explained_in_plain_words():
+    words = re.sub("<[^>]+>", " ", tree_figure(a_step(blank_under=[2]), text_of).layout.title.text)
+    assert "∅: the matrix had no candidates after the token above" in words
+    assert "row is still empty" in words and "nothing was drafted" in words and "node's row" not in words
+    assert "root: last committed token, where this step starts" in re.sub("<[^>]+>", "", LEGEND)
+    for frame in range(5):
+        said = re.sub("<[^>]+>", "", legend(frame).replace("<br>", " "))
+        assert re.search("▶ the .*root.* the last committed token, where this step starts", said), said
+
+
+def test_mat_is_explained_beside_its_figure():
+    fig = {"tr": {"tokens": 30, "forwards": 12, "mat": 2.5, "tok_per_s": 15.0, "seconds": 2.0},
+           "greedy": {"tokens": 30, "forwards": 30, "mat": 1.0, "tok_per_s": 12.0, "seconds": 2.5},
+           "speedup": 1.25, "identical": True, "compared": 30}
+    html = counters_html(fig)
+    lead = html[html.index("mat-lead"):html.index("<table")]  # before the table: on the first screen
+    assert "MAT <b>2.50</b> tokens per forward pass" in lead
+    assert "mean accepted tokens" in lead and "greedy commits 1.00 a pass" in lead
+
+
+def test_a_lone_matrix_row_is_drawn_at_a_row_height():
+    fig = heatmap_figure(a_step(rows=[RowUpdate(5, [0] * 8, list(range(10, 18)))]), text_of)
+    top, bottom = sorted(fig.layout.yaxis.range)
+    area = fig.layout.height - fig.layout.margin.t - fig.layout.margin.b
+    assert area / (bottom - top) <= ROW_PX  # one row: a row's height, the rest of the panel left blank
+
+
+def test_labels_placed_are_clear_of_one_another_and_of_the_nodes_at_every_width():
+    """Crowded nodes (a row of ten, close together): every label placed keeps clear of every other and of
+    every other node at the narrowest and the widest plot; the first ``must`` are all labelled."""
+    marks = [Mark(0, 0, 22, "root")] + [Mark(-1 + k * 0.2, -1, 9, f"token{k}", 9) for k in range(11)]
+    marks += [Mark(-1 + k * 0.5, -2, 16, "supercalifragilistic"[: 3 + 2 * k]) for k in range(5)]
+    frame = Frame(-1.3, 1.3, -2.8, 0.3, 200)
+    sides = place_labels(marks, list(range(len(marks))), frame, {}, must=2)
+    assert {0, 1} <= set(sides) and len(sides) < len(marks)  # the crowded row loses some labels
+    boxes = [label_box(marks[i], side, frame) for i, side in sides.items()]
+    dots = [Box(m.x, -m.size / 2, m.size, frame.top(m.y) - m.size / 2, m.size) for m in marks]
+    scales = frame.scales()
+    assert scales[0] == (WIDTHS[0] - 12) / 2.6
+    assert not any(overlap(a, b, scales) for k, a in enumerate(boxes) for b in boxes[k + 1:])
+    for (i, _), box in zip(sides.items(), boxes):
+        assert not any(overlap(box, dot, scales) for j, dot in enumerate(dots) if j != i), i
+
+
+def test_before_the_verdict_the_tree_is_laid_out_alike_whichever_path_is_accepted():
+    """Teach mode's frames 1-2: the ★'s place (a child of the path's end once shown) leaves no gap that tells
+    where the accepted path ends."""
+    def nodes(step, frame):
+        fig = tree_figure(step, text_of, frame=frame)
+        trace = next(t for t in fig.data if t.customdata is not None)
+        return sorted(zip(trace.customdata, trace.x, trace.y)), fig.layout.xaxis.range, fig.layout.yaxis.range
+
+    one, other = a_step(), a_step()
+    other.accepted_path = [0, 2]
+    for frame in (1, 2):
+        assert nodes(one, frame) == nodes(other, frame)
+    assert nodes(one, 3) != nodes(other, 3)  # once shown, the ★ hangs under the path's end
