@@ -52,9 +52,10 @@ def intro_for(method_label: str) -> str:
 
 
 def build_app(hub: ModelHub, cap: int = 256, default_tokens: int = PAGE_TOKENS, matrix_path: str | None = None,
-              on_session_end=None) -> gr.Blocks:
+              on_session_end=None, batch_tabs: int = BATCH_TABS) -> gr.Blocks:
     """``matrix_path``: a hot-start matrix file shared on purpose (each session starts from its own copy;
-    "Save matrix" writes it back).  ``on_session_end(session)`` is called after a session is freed."""
+    "Save matrix" writes it back).  ``on_session_end(session)`` is called after a session is freed.
+    ``batch_tabs``: how many tabs' steps run alongside, their forwards shared (more wait in the queue)."""
     recorder = Recorder(hub) if on_zero_gpu() else None  # ZeroGPU: one GPU call per run (components.recorded)
     h = Handlers(hub, cap, matrix_path, on_session_end,
                  record=gpu_task(duration=recorder.record_seconds)(recorder.record) if recorder else None)
@@ -69,7 +70,7 @@ def build_app(hub: ModelHub, cap: int = 256, default_tokens: int = PAGE_TOKENS, 
                 cmp = compare_tab()
         ui["intro"] = intro
         ui["kept"] = kept
-        wire(demo, h, session, ui, cmp, hub, cap, recorder)
+        wire(demo, h, session, ui, cmp, hub, cap, recorder, batch_tabs)
     return demo
 
 
@@ -222,7 +223,8 @@ def wire(demo: gr.Blocks, h: Handlers, session, ui: dict, cmp: dict, hub: ModelH
         **prepare).then(**follow)
     ui["run_timer"].tick(gpu["run_tick"], inputs_kwargs=step_in, outputs=views + [ui["run_timer"], *buttons],
                          trigger_mode="once", js=SETTLE, **stepping).then(**prepare)
-    gr.Button(visible=False).click(gpu["run"], inputs_kwargs=step_in, outputs=views, api_name="do_run", **model)
+    gr.Button(visible=False).click(gpu["run"], inputs_kwargs=step_in, outputs=views, api_name="do_run",
+                                   concurrency_id="steps")
     ui["stop"].click(h.stop, session, [ui["timer"], ui["run_timer"], *buttons]).then(**prepare)
     ui["timer"].tick(gpu["tick"], inputs_kwargs=step_in, outputs=views + play, js=SETTLE, **stepping).then(
         **prepare).then(**follow)
@@ -335,13 +337,15 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--port", type=int, default=int(env("GRADIO_SERVER_PORT", "7860")))
     ap.add_argument("--max-new-tokens-cap", type=int, default=int(env("TR_MAX_NEW_TOKENS", "256")))
     ap.add_argument("--queue-size", type=int, default=int(env("TR_QUEUE_SIZE", "64")))
+    ap.add_argument("--batch-tabs", type=int, default=int(env("TR_BATCH_TABS", str(BATCH_TABS))),
+                    help="tabs whose steps run alongside, their forwards shared in one (more wait in the queue)")
     ap.add_argument("--matrix", default=env("TR_MATRIX"),
                     help="hot-start matrix file shared by all sessions (each starts from a copy; operator only)")
     args = ap.parse_args(argv)
     hub = ModelHub(args.device, args.dtype, default=args.model)
     if on_zero_gpu():
         load_at_start_up(hub)  # outside any GPU call: a GPU call's memory is thrown away when it returns
-    demo = build_app(hub, cap=args.max_new_tokens_cap, matrix_path=args.matrix)
+    demo = build_app(hub, cap=args.max_new_tokens_cap, matrix_path=args.matrix, batch_tabs=max(1, args.batch_tabs))
     serve(demo, args.host, args.port, args.queue_size)
 
 

@@ -255,9 +255,9 @@ def test_out_of_memory_is_a_message_and_the_session_is_reset(embedded_lm):
 
 
 def test_busy_server_queues_with_positions_and_refuses_beyond_the_queue_size(hub):
-    """Model work is one concurrency group: while one visitor runs to the end, the next waits with
-    its place in the queue (Gradio shows "queue: N/M" on the waiting panels); past the queue's size a
-    visitor is told the queue is full instead of waiting forever."""
+    """Steps share a concurrency group of ``batch_tabs`` tabs: past it (here 1, while one visitor runs
+    to the end) the next waits with its place in the queue (Gradio shows "queue: N/M" on the waiting
+    panels); past the queue's size a visitor is told the queue is full instead of waiting forever."""
     import time
 
     from gradio_client import Client
@@ -265,7 +265,7 @@ def test_busy_server_queues_with_positions_and_refuses_beyond_the_queue_size(hub
 
     from app import build_app, serve
 
-    demo = build_app(hub)
+    demo = build_app(hub, batch_tabs=1)
     port = free_port()
     serve(demo, "127.0.0.1", port, queue_size=2, prevent_thread_lock=True, quiet=True)
     url = f"http://127.0.0.1:{port}/"
