@@ -93,7 +93,8 @@ def run_forwards(lm: LoadedModel, requests: list[ForwardRequest]) -> list[torch.
         out = lm.model(input_ids=input_ids, position_ids=position_ids, attention_mask=masks, use_cache=True,
                        segments=tuple(segments), **{lm.cache_arg: cache})
     logits = out.logits[0]  # [Q, vocab]
-    return [logits[s.q0:s.q1] for s in segments]
+    # each its own rows (a view would keep every tab's logits alive for as long as one tab keeps its own)
+    return [logits[s.q0:s.q1].clone() for s in segments]
 
 
 def pack_segments(requests: list[ForwardRequest], sliding: bool = False) -> list[Segment]:
