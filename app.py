@@ -27,7 +27,7 @@ from tr_core.models import EMBEDDED_LABEL
 from tr_core.trees import list_presets
 
 ASSETS = Path(__file__).with_name("assets")
-BATCH_TABS = 16  # tabs whose steps run alongside, their forwards shared (more wait in the queue, told their place)
+BATCH_TABS = 1  # tabs whose steps run alongside, their forwards shared (1: one step at a time, as before)
 MODEL_CHOICES = [EMBEDDED_LABEL, "Qwen/Qwen2.5-0.5B-Instruct", "meta-llama/Llama-3.2-1B-Instruct",
                  "lmsys/vicuna-7b-v1.3"]
 KEYS = ("Keys: <kbd>S</kbd> step <kbd>P</kbd> play <kbd>R</kbd> run/stop <kbd>N</kbd>/<kbd>B</kbd> next/previous "
@@ -197,7 +197,8 @@ def wire(demo: gr.Blocks, h: Handlers, session, ui: dict, cmp: dict, hub: ModelH
     # a step waiting for the model keeps the panels as they are; its place in the queue shows on the status line
     model = dict(concurrency_id="model", concurrency_limit=1)
     # steps of different tabs run alongside: their forwards are shared (Handlers.batcher), a tab's own one at a time
-    stepping = dict(concurrency_id="steps", concurrency_limit=batch_tabs, show_progress_on=[ui["status"]])
+    steps = model if batch_tabs <= 1 else dict(concurrency_id="steps", concurrency_limit=batch_tabs)
+    stepping = dict(steps, show_progress_on=[ui["status"]])
     play = [ui["timer"], ui["play"]]
     buttons = [ui["step"], ui["play"], ui["run"], ui["stop"]]
     # the run file and the browser's copy, after a step; never while a step runs (the race's times stay its own)
@@ -224,7 +225,7 @@ def wire(demo: gr.Blocks, h: Handlers, session, ui: dict, cmp: dict, hub: ModelH
     ui["run_timer"].tick(gpu["run_tick"], inputs_kwargs=step_in, outputs=views + [ui["run_timer"], *buttons],
                          trigger_mode="once", js=SETTLE, **stepping).then(**prepare)
     gr.Button(visible=False).click(gpu["run"], inputs_kwargs=step_in, outputs=views, api_name="do_run",
-                                   concurrency_id="steps")
+                                   **(model if batch_tabs <= 1 else dict(concurrency_id="steps")))
     ui["stop"].click(h.stop, session, [ui["timer"], ui["run_timer"], *buttons]).then(**prepare)
     ui["timer"].tick(gpu["tick"], inputs_kwargs=step_in, outputs=views + play, js=SETTLE, **stepping).then(
         **prepare).then(**follow)
