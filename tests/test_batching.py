@@ -115,7 +115,7 @@ def test_a_lone_caller_runs_at_once_and_a_failed_forward_reaches_its_callers_onl
     dec = GreedyDecoder(lm, 8)
     dec.start([5, 6, 7])
     dec.step(batcher.run)
-    assert batcher.sizes == [1]
+    assert list(batcher.sizes) == [1]
     bad = GreedyDecoder(lm, 8)
     bad.start([5, 6, 7])
     request = bad.prepare_step()
@@ -123,7 +123,7 @@ def test_a_lone_caller_runs_at_once_and_a_failed_forward_reaches_its_callers_onl
     with pytest.raises(IndexError):
         batcher.run(lm, [request])
     dec.step(batcher.run)  # the batcher goes on
-    assert batcher.sizes == [1, 1, 1] and len(dec.output) == 2
+    assert list(batcher.sizes) == [1, 1, 1] and len(dec.output) == 2
 
 
 def test_a_planner_in_a_class_sizes_its_tree_for_the_batch():

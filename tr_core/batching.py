@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import deque
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 
@@ -31,8 +32,10 @@ import torch
 from transformers import Cache
 
 from .attention import ATTENTION
-from .decoders.base import ForwardRequest, run_forward
+from .decoders.base import ForwardRequest, model_forward, run_forward
 from .models import LoadedModel
+
+SIZES_KEPT = 10_000  # a server runs for days: only the last forwards' sizes are kept
 
 
 @dataclass(frozen=True)
@@ -90,9 +93,7 @@ def run_forwards(lm: LoadedModel, requests: list[ForwardRequest]) -> list[torch.
     with ExitStack() as clocks:
         for r in requests:
             clocks.enter_context(r.clock.phase("forward"))
-        out = lm.model(input_ids=input_ids, position_ids=position_ids, attention_mask=masks, use_cache=True,
-                       segments=tuple(segments), **{lm.cache_arg: cache})
-    logits = out.logits[0]  # [Q, vocab]
+        logits = model_forward(lm, input_ids, position_ids, masks, cache, segments=tuple(segments))  # [Q, vocab]
     # each its own rows (a view would keep every tab's logits alive for as long as one tab keeps its own)
     return [logits[s.q0:s.q1].clone() for s in segments]
 
@@ -160,7 +161,7 @@ class Batcher:
         self._queue: list[_Job] = []
         self._busy = False
         self._alone = threading.Lock()  # held by each forward, and by whoever needs the model alone
-        self.sizes: list[int] = []  # requests per forward run, for the benchmark and the tests
+        self.sizes: deque[int] = deque(maxlen=SIZES_KEPT)  # requests per forward lately (tests, benchmarks)
 
     @contextmanager
     def exclusive(self):

@@ -100,12 +100,13 @@ class ForwardRequest:
 
 @torch.inference_mode()
 def model_forward(lm: LoadedModel, input_ids: torch.Tensor, position_ids: torch.Tensor, attention_mask,
-                  cache, logits_to_keep: int | torch.Tensor = 0) -> torch.Tensor:
+                  cache, logits_to_keep: int | torch.Tensor = 0, **attention_kwargs) -> torch.Tensor:
     """One forward of ``lm`` over ``input_ids [1, q]`` at ``position_ids [1, q]``, appending to
     ``cache``; returns ``logits [q', vocab]`` (``logits_to_keep``: the last n positions, 0 = all, or
-    a 1-D tensor of positions)."""
+    a 1-D tensor of positions; ``attention_kwargs`` reach the attention function, e.g. a packed
+    forward's ``segments``)."""
     out = lm.model(input_ids=input_ids, position_ids=position_ids, attention_mask=attention_mask,
-                   use_cache=True, logits_to_keep=logits_to_keep, **{lm.cache_arg: cache})
+                   use_cache=True, logits_to_keep=logits_to_keep, **attention_kwargs, **{lm.cache_arg: cache})
     return out.logits[0]
 
 
