@@ -40,10 +40,17 @@ INTROS = {  # the page's header, by method: it describes the method the Method b
            "trie of the last token is checked in the same forward, racing plain greedy decoding (no matrix). "}
 INTRO = INTROS["tr"] + KEYS
 # Before each step of Run to end and Play: the browser first finishes drawing the last step (two animation
-# frames, then a moment), so the step's timed work never shares the processor with that drawing when the
-# browser runs on the server's machine; the race times both sides under the same conditions.
-SETTLE = ("(...args) => new Promise((done) => { const t = setTimeout(() => done(args), 400); "  # a hidden tab draws no frames
-          "requestAnimationFrame(() => requestAnimationFrame(() => setTimeout(() => { clearTimeout(t); done(args); }, 60))); })")
+# frames, then until the panels have not changed for 120 ms, 2 s at most; the status line and the queue's
+# clocks, which tick while a step waits, do not count), so the step's timed work never shares the processor
+# with that drawing when the browser runs on the server's machine: the race times both sides under the same
+# conditions.  A hidden tab draws nothing and goes on at once.
+SETTLE = ("(...args) => new Promise((done) => { if (document.hidden) { done(args); return; } "
+          "const clock = (n) => (n.nodeType === 1 ? n : n.parentElement)?.closest('#status, .progress-text, .eta-bar, .progress-level'); "
+          "const seen = new MutationObserver((changes) => { if (changes.some((c) => !clock(c.target))) wait(); }); "
+          "let quiet; const go = () => { clearTimeout(quiet); clearTimeout(cap); seen.disconnect(); done(args); }; "
+          "const cap = setTimeout(go, 2000); const wait = () => { clearTimeout(quiet); quiet = setTimeout(go, 120); }; "
+          "requestAnimationFrame(() => requestAnimationFrame(() => { seen.observe(document.body, "
+          "{subtree: true, childList: true, attributes: true, characterData: true}); wait(); })); })")
 
 
 def intro_for(method_label: str) -> str:
@@ -133,7 +140,9 @@ def step_tab(hub: ModelHub, cap: int, default_tokens: int) -> dict:
     ui["node_pick"] = gr.Textbox(visible="hidden", elem_id="node-pick")
     ui["token_pick"] = gr.Textbox(visible="hidden", elem_id="token-pick")
     ui["timer"] = gr.Timer(0.5, active=False)  # Play
-    ui["run_timer"] = gr.Timer(0.05, active=False)  # Run to end: a step per tick, each queued on its own
+    # Run to end: each step's handler sets a new beat, whose change asks for the next step once the page has
+    # drawn this one (SETTLE); one step in flight at a time, each queued on its own
+    ui["run_beat"] = gr.State(0)
     return ui
 
 
@@ -220,19 +229,19 @@ def wire(demo: gr.Blocks, h: Handlers, session, ui: dict, cmp: dict, hub: ModelH
     # Run to end: the first step, then one per tick of its timer; between two of a tab's steps, other
     # tabs' queued steps run (no tab waits for another's whole run).  do_run: the whole run in one call (API).
     ui["run"].click(lambda: ui_running(True), None, buttons).then(  # at once: the run has begun
-        gpu["run_start"], inputs_kwargs=step_in, outputs=views + [ui["run_timer"], *buttons], **stepping).then(
+        gpu["run_start"], inputs_kwargs=step_in, outputs=views + [ui["run_beat"], *buttons], **stepping).then(
         **prepare).then(**follow)
-    ui["run_timer"].tick(gpu["run_tick"], inputs_kwargs=step_in, outputs=views + [ui["run_timer"], *buttons],
-                         trigger_mode="once", js=SETTLE, **stepping).then(**prepare)
+    ui["run_beat"].change(gpu["run_tick"], inputs_kwargs=step_in, outputs=views + [ui["run_beat"], *buttons],
+                          trigger_mode="always_last", js=SETTLE, **stepping).then(**prepare)
     gr.Button(visible=False).click(gpu["run"], inputs_kwargs=step_in, outputs=views, api_name="do_run",
                                    **(model if batch_tabs <= 1 else dict(concurrency_id="steps")))
-    ui["stop"].click(h.stop, session, [ui["timer"], ui["run_timer"], *buttons]).then(**prepare)
+    ui["stop"].click(h.stop, session, [ui["timer"], *buttons]).then(**prepare)
     ui["timer"].tick(gpu["tick"], inputs_kwargs=step_in, outputs=views + play, js=SETTLE, **stepping).then(
         **prepare).then(**follow)
     ui["play"].click(h.toggle_play, [ui["play"], ui["speed"], session], play).then(**prepare)
     ui["speed"].change(lambda v: gr.Timer(value=1.0 / float(v)), ui["speed"], ui["timer"])
     # Reset queues with the steps: a step already running is drawn before it, never over it
-    ui["reset"].click(h.reset, session, views + [ui["timer"], ui["run_timer"], *buttons], **model).then(
+    ui["reset"].click(h.reset, session, views + [ui["timer"], *buttons], **model).then(
         **prepare).then(**follow)
     ui["history"].input(h.history, [ui["history"], session], views, trigger_mode="always_last")  # lands where released
     ui["teach"].change(h.teach_toggled, [ui["teach"], session], views)

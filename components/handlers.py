@@ -224,25 +224,25 @@ class Handlers:
     def run_start(self, request: gr.Request, sess: Session | None, prompt: str = "", teach: bool = False,
                   **settings):
         """Run to end on the page (whole steps, Teach mode or not): the first step now, then one step per
-        tick of the run timer (:meth:`run_tick`), each a queued event of its own, so other tabs' steps go
-        in between."""
+        beat (:meth:`run_tick`: a new beat asks for the next step once the page has drawn this one), each a
+        queued event of its own, so other tabs' steps go in between."""
         sess = self.session(sess, request)
         sess.flight.stop, sess.cursor.frame = False, 0
         out = self.step(request, sess, prompt, False, **settings)
         sess = out[0]
         sess.flight.running = sess.stepping()  # the ticks step this run (or replay), whatever the fields say
         going = sess.in_progress and not out[-1].startswith("⚠️") and not sess.flight.stop
-        return (*out, gr.Timer(active=going), *ui_running(going))
+        return (*out, next_beat() if going else gr.skip(), *ui_running(going))
 
     def run_tick(self, request: gr.Request, sess: Session | None, **_edited):
-        """One step of Run to end; the run timer stops at the end, on Stop or Reset, or on an error.  The
+        """One step of Run to end; the beat stops at the end, on Stop or Reset, or on an error.  The
         prompt and settings fields are not read: the run goes on as it began."""
         sess = self.session(sess, request)
         run = sess.flight.running
         if sess.flight.stop or run is None or sess.stepping() is not run or not sess.in_progress:
             sess.flight.running = None  # the run is over: its race (and model) is no longer held here
             message = "Stopped: Step or Run to end go on from here." if sess.flight.stop and sess.in_progress else ""
-            return (*self.render(sess, message), gr.Timer(active=False), *ui_running(False))
+            return (*self.render(sess, message), gr.skip(), *ui_running(False))
         shown = self.shown_now(sess)
         try:
             with sess.flight.working():
@@ -252,9 +252,9 @@ class Handlers:
         except Exception as err:
             out = self.failed(sess, err)
         if sess.in_progress and sess.stepping() is run and not out[-1].startswith("⚠️") and not sess.flight.stop:
-            return (*out, gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip())
+            return (*out, next_beat(), gr.skip(), gr.skip(), gr.skip(), gr.skip())
         sess.flight.running = None
-        return (*out, gr.Timer(active=False), *ui_running(False))
+        return (*out, gr.skip(), *ui_running(False))
 
     def run(self, request: gr.Request, sess: Session | None, prompt: str = "", teach: bool = False, **settings):
         """Decode to the end in one call (the API's ``do_run``; the page's Run to end steps one queued
@@ -378,7 +378,7 @@ class Handlers:
     def stop(self, sess: Session | None):
         if sess is not None:
             sess.flight.stop, sess.flight.playing = True, False
-        return gr.Timer(active=False), gr.Timer(active=False), *ui_running(False)
+        return gr.Timer(active=False), *ui_running(False)
 
     def toggle_play(self, label: str, steps_per_s: float, sess: Session | None):
         """Play / Pause: the Play timer on or off (Play clears an earlier Stop or Reset)."""
@@ -395,7 +395,7 @@ class Handlers:
         sess.flight.stop = True
         sess.flight.wait_idle(RESET_WAIT)
         sess.reset()
-        return (*self.render(sess, "Reset."), gr.Timer(active=False), gr.Timer(active=False), *ui_running(False))
+        return (*self.render(sess, "Reset."), gr.Timer(active=False), *ui_running(False))
 
     def history(self, n, sess: Session | None, request: gr.Request = None):
         sess = self.session(sess, request)
@@ -468,6 +468,11 @@ class Handlers:
         sess = self.session(sess, request)
         sess.cursor.frame = 1 if teach and sess.view() is not None else 0
         return self.render(sess)
+
+
+def next_beat() -> int:
+    """A new value for Run to end's beat (``app``: its change asks for the next step, once the page has drawn)."""
+    return time.monotonic_ns()
 
 
 def ui_running(running: bool) -> tuple:

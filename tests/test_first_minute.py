@@ -17,6 +17,11 @@ from .test_app import PROMPT, settings
 from .conftest import SPEC_BENCH
 
 
+def is_skip(update) -> bool:
+    """``gr.skip()``: the output is left as it is."""
+    return isinstance(update, dict) and update == {"__type__": "update"}
+
+
 def page_session() -> Session:
     """A new tab as the page makes it: its own copy of the shipped matrix."""
     return Session.starting_from(warm_file=str(SHIPPED_MATRIX))
@@ -201,20 +206,23 @@ def test_run_to_end_takes_one_step_per_event_and_stops_at_the_end_or_on_reset(hu
                 method="Token Recycling (TR)")
     out = h.run_start(None, None, PROMPT, **page)
     sess = out[0]
-    assert len(sess.live.race.decoder.steps) == 1 and out[-5].active  # the first step, and the timer on
-    ticks = 0
+    assert len(sess.live.race.decoder.steps) == 1 and isinstance(out[-5], int)  # the first step, and a beat for the next
+    ticks, beats = 0, [out[-5]]
     while sess.in_progress:
         out = h.run_tick(None, sess, prompt=PROMPT, **page)
         ticks += 1
+        beats.append(out[-5])
     assert ticks == len(sess.live.race.decoder.steps) - 1  # one step per tick
-    assert not out[-5].active and "Done" in out[-6]
+    new = beats[:-1]  # each step but the last set a new beat (the page asks for one step per beat)
+    assert all(isinstance(b, int) for b in new) and len(set(new)) == len(new)
+    assert is_skip(out[-5]) and "Done" in out[-6]  # the last one did not: the run ends
     out = h.run_start(None, sess, "Name a fruit.", **page)
     run = sess.live.race
     out = h.run_tick(None, sess, prompt="Something else typed meanwhile.", **{**page, "k": 4})
     assert sess.live.race is run and len(run.decoder.steps) == 2  # edits while it runs never replace the run
     h.reset(None, sess)
     late = h.run_tick(None, sess, prompt="Name a fruit.", **page)  # a tick queued before Reset
-    assert sess.current() is None and late[-6] == "Reset." and not late[-5].active
+    assert sess.current() is None and late[-6] == "Reset." and is_skip(late[-5])
 
 
 def test_the_warm_command_decodes_calibration_prompts_only_and_records_how(tmp_path, tiny_lm):
