@@ -65,7 +65,8 @@ def build_app(hub: ModelHub, cap: int = 256, default_tokens: int = PAGE_TOKENS, 
     ``batch_tabs``: how many tabs' steps run alongside, their forwards shared (more wait in the queue)."""
     recorder = Recorder(hub) if on_zero_gpu() else None  # ZeroGPU: one GPU call per run (components.recorded)
     h = Handlers(hub, cap, matrix_path, on_session_end,
-                 record=gpu_task(duration=recorder.record_seconds)(recorder.record) if recorder else None)
+                 record=gpu_task(duration=recorder.record_seconds)(recorder.record) if recorder else None,
+                 one_thread=batch_tabs <= 1)
     with gr.Blocks(title="Token Recycling, step by step") as demo:
         session = gr.State(None, time_to_live=3600, delete_callback=h.end_session)
         kept = gr.BrowserState(None, storage_key="token-recycling-tab")  # the tab's prompt, settings and run
@@ -258,7 +259,7 @@ def wire(demo: gr.Blocks, h: Handlers, session, ui: dict, cmp: dict, hub: ModelH
     if recorder is not None:  # ZeroGPU: the handlers stay in this process; their GPU work is one call each
         warm = warm_or_say_handler(hub, curve_on_gpu=gpu_task(recorder.cost_curve), done=h)
     else:
-        warm = gpu_task(warm_or_say_handler(hub, done=h))
+        warm = gpu_task(h.model_thread.wrap(warm_or_say_handler(hub, done=h)))
     demo.load(warm, None, ui["status"], **model)
     # a new page, or a reload: the tab's prompt, settings and run come back (not the status: warm-up's)
     demo.load(files.restore, [ui["kept"], session], views[:-1] + [ui["prompt"], *settings_in.values()])
@@ -289,7 +290,7 @@ def wire_compare(h: Handlers, ui: dict, cmp: dict, hub: ModelHub, cap: int, mode
     if recorder is not None:
         compare = compare_handler(hub, cap, rows_on_gpu=gpu_task(duration=recorder.compare_seconds)(recorder.compare))
     else:
-        compare = gpu_task(compare_handler(hub, cap))
+        compare = gpu_task(h.model_thread.wrap(compare_handler(hub, cap)))
     cmp["api"].click(compare, [ui["prompt"], s["model"], s["max_new"]], [cmp["plot"], cmp["table"]],
                      api_name="compare", **model)
     if recorder is not None:
@@ -298,8 +299,10 @@ def wire_compare(h: Handlers, ui: dict, cmp: dict, hub: ModelHub, cap: int, mode
     else:
         steps = CompareSteps(hub, cap, alone=h.batcher.exclusive)
         running = [cmp["state"], cmp["plot"], cmp["table"], cmp["timer"], cmp["go"], cmp["cancel"]]
-        cmp["go"].click(steps.begin, [ui["prompt"], s["model"], s["max_new"]], running, show_progress="hidden", **model)
-        cmp["timer"].tick(gpu_task(steps.tick), cmp["state"], running, trigger_mode="once", show_progress="hidden",
+        cmp["go"].click(h.model_thread.wrap(steps.begin), [ui["prompt"], s["model"], s["max_new"]], running,
+                        show_progress="hidden", **model)
+        cmp["timer"].tick(gpu_task(h.model_thread.wrap(steps.tick)), cmp["state"], running, trigger_mode="once",
+                          show_progress="hidden",
                           **model)
         cmp["cancel"].click(steps.cancel, cmp["state"], [cmp["state"], cmp["table"], cmp["timer"], cmp["go"],
                                                          cmp["cancel"]], queue=False)

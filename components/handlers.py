@@ -17,6 +17,7 @@ import gradio as gr
 import torch
 
 from tr_core.batching import Batcher
+from tr_core.model_thread import ModelThread
 from tr_core.devices import oom_message, release_device_memory
 from tr_core.models import ModelLoadError
 
@@ -49,9 +50,12 @@ class Handlers:
     """Bound to one app: its model hub, token cap, hot-start file and live sessions (by browser tab)."""
 
     def __init__(self, hub: ModelHub, cap: int, matrix_path: str | None = None, on_session_end=None,
-                 record=None):
+                 record=None, one_thread: bool = True):
         """``record``: ZeroGPU's way of stepping (``components.recorded.Recorder.record`` under
-        ``spaces.GPU``): each run is decoded whole in one GPU call and stepped through here."""
+        ``spaces.GPU``): each run is decoded whole in one GPU call and stepped through here.
+        ``one_thread``: the model's work (start-up, steps, Compare) runs on one thread
+        (:mod:`tr_core.model_thread`), not on the thread of each event; off where tabs' steps run side by
+        side (their forwards shared)."""
         self.hub, self.cap, self.matrix_path, self.on_session_end = hub, cap, matrix_path, on_session_end
         self.record = record
         self.live: dict[str, Session] = {}
@@ -59,6 +63,7 @@ class Handlers:
         self._no_start_up = threading.Event()  # set while no start-up runs (steps wait for one that does)
         self._no_start_up.set()
         self.batcher = Batcher()  # every tab's steps that wait together run in one forward
+        self.model_thread = ModelThread(enabled=one_thread)
         hub.on_evict.append(self.forget_model)
 
     @contextmanager
@@ -486,10 +491,9 @@ def gpu_wrapped(handlers: Handlers) -> dict:
     """The handlers that run the model, under ``spaces.GPU`` where the ``spaces`` package is (as is
     elsewhere).  On ZeroGPU they run in the main process instead: only ``handlers.record``, one GPU
     call per run (``components.recorded``), touches the GPU."""
+    on = handlers.model_thread.wrap  # each on the model's own thread (tr_core.model_thread)
+    named = {name: on(getattr(handlers, name))
+             for name in ("step", "run", "tick", "next_frame", "run_start", "run_tick", "run_live")}
     if handlers.record is not None:
-        return {"step": handlers.step, "run": handlers.run, "tick": handlers.tick, "next_frame": handlers.next_frame,
-                "run_start": handlers.run_start, "run_tick": handlers.run_tick, "run_live": handlers.run_live}
-    return {"step": gpu_task(handlers.step), "run": gpu_task(duration=120)(handlers.run),
-            "run_live": gpu_task(handlers.run_live),
-            "tick": gpu_task(handlers.tick), "next_frame": gpu_task(handlers.next_frame),
-            "run_start": gpu_task(handlers.run_start), "run_tick": gpu_task(handlers.run_tick)}
+        return named
+    return {name: (gpu_task(duration=120) if name == "run" else gpu_task)(fn) for name, fn in named.items()}

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextvars
 import hashlib
 import json
+import math
 import os
 import platform
 import threading
@@ -94,13 +95,33 @@ def with_progress(work, report, every: float = 0.5):
 _WARM: weakref.WeakSet = weakref.WeakSet()  # models whose forwards have run once at every size here
 
 
-def warm_kernels(lm) -> None:
+def warm_kernels(lm) -> list[float] | None:
     """Forwards of every size the cost curve covers (1-96 tokens; two rounds, over a short cache),
     once per loaded model: the kernels' first calls (oneDNN builds a primitive per shape) happen here,
-    not in a visitor's first steps."""
-    if lm.model not in _WARM:
-        time_forwards(lm, COST_LENGTHS, prefix=32, repeats=1)
-        _WARM.add(lm.model)
+    not in a visitor's first steps.  The second round's seconds per length (``COST_LENGTHS``), or None
+    where the model was warm already."""
+    if lm.model in _WARM:
+        return None
+    seconds = time_forwards(lm, COST_LENGTHS, prefix=32, repeats=1)
+    _WARM.add(lm.model)
+    return seconds
+
+
+SHAPE_TOLERANCE = 1.3  # a kept curve whose shape is further than this from today's forwards is timed again
+
+
+def curve_still_holds(curve: CostCurve, lengths: list[int], seconds: list[float], up_to: int = 32) -> bool:
+    """Whether a kept cost curve still has the shape of forwards timed just now (``seconds`` for
+    ``lengths``): how much more ``q`` tokens cost than one, for every ``q`` up to ``up_to`` that both
+    timed, agrees within ``SHAPE_TOLERANCE`` at the median.  A curve kept from a machine that was busy
+    then, or from another threading, plans trees whose forwards cost what it never said."""
+    kept = dict(zip(curve.lengths, curve.seconds))
+    now = dict(zip(lengths, seconds))
+    if 1 not in kept or 1 not in now or kept[1] <= 0 or now[1] <= 0:
+        return False
+    gaps = sorted(abs(math.log((now[q] / now[1]) / (kept[q] / kept[1])))
+                  for q in now if 1 < q <= up_to and q in kept and kept[q] > 0 and now[q] > 0)
+    return bool(gaps) and gaps[len(gaps) // 2] <= math.log(SHAPE_TOLERANCE)
 
 
 def warm_up(hub, progress, curve_on_gpu=None) -> str:
@@ -111,21 +132,26 @@ def warm_up(hub, progress, curve_on_gpu=None) -> str:
     lm = with_progress(lambda: hub.get(None),
                        lambda t: progress((0, 2), desc=f"Step 1 of 2: loading the model ({t:.0f} s so far)"))
     cached = load_cached_curve(lm)
+    stale = False
     warmed = "the model has already run once at every size, so your first steps are not slowed by warm-up" \
         if not curve_on_gpu else "each GPU call warms the model up itself"
     if cached:
         timed = "timed earlier"
         if not curve_on_gpu:  # measuring the curve warms them too (on ZeroGPU, only a GPU call could)
-            with_progress(lambda: warm_kernels(lm),
-                          lambda t: progress((1, 2), desc=f"Step 2 of 2: first forwards of 1-96 tokens ({t:.0f} s)"))
-    else:
+            seconds = with_progress(lambda: warm_kernels(lm), lambda t: progress(
+                (1, 2), desc=f"Step 2 of 2: first forwards of 1-96 tokens ({t:.0f} s)"))
+            if seconds is not None and not curve_still_holds(lm.cost_curve, COST_LENGTHS, seconds):
+                lm.cost_curve = None  # kept from other conditions: timed again, and kept anew
+                cached, stale = False, True
+    if not cached:
         measure = (lambda: setattr(lm, "cost_curve", curve_on_gpu())) if curve_on_gpu else (lambda: cost_curve_for(lm))
         with_progress(measure, lambda t: progress((1, 2), desc=f"Step 2 of 2: timing forwards of 1-96 tokens for "
                                                                f"the auto tree, once per model and device ({t:.0f} s so far)"))
         save_curve(lm)
         if not curve_on_gpu:  # the curve's forwards ran every size here
             _WARM.add(lm.model)
-        timed = "timed just now, kept for restarts"
+        timed = ("timed again just now, since the kept timing no longer matched this machine's forwards"
+                 if stale else "timed just now, kept for restarts")
     how = f"the draft tree's size is planned from how long the model took on this machine ({timed})"
     progress((2, 2), desc="Ready")
     why = f"; {lm.dtype_reason}" if lm.dtype_reason and not lm.dtype_reason.startswith("float32: the default") else ""

@@ -244,3 +244,19 @@ def test_a_step_that_ends_after_pause_or_stop_is_not_drawn(hub):  # noqa: F811
     sess.next_step = stopped_meanwhile
     out = h.run_tick(None, sess, prompt=PROMPT, **page)
     assert len(sess.view().steps) == 3 and "Step 2:" in out[1].layout.title.text and "Stopped at step 2" in out[-6]
+
+
+def test_a_kept_cost_curve_of_another_shape_is_timed_again():
+    """A curve kept from a busy machine (16 tokens as cheap as one) against today's forwards (16 cost
+    twice one): timed again.  The same shape at another level, or one length off by noise: kept."""
+    from components.startup import curve_still_holds
+    from tr_core.planner import CostCurve
+
+    lengths = [1, 2, 4, 8, 16, 32, 64]
+    now = [0.030, 0.031, 0.033, 0.038, 0.060, 0.090, 0.150]
+    flat = CostCurve(lengths, [0.067, 0.115, 0.058, 0.073, 0.059, 0.100, 0.170])  # kept under load
+    assert not curve_still_holds(flat, lengths, now)
+    assert curve_still_holds(CostCurve(lengths, [1.5 * s for s in now]), lengths, now)
+    noisy = [s * (2.0 if q == 4 else 1.0) for q, s in zip(lengths, now)]
+    assert curve_still_holds(CostCurve(lengths, noisy), lengths, now)
+    assert not curve_still_holds(CostCurve([2, 4], [0.03, 0.03]), lengths, now)  # nothing to compare with

@@ -80,8 +80,9 @@ def test_a_replay_steps_through_its_recording_and_runs_live_only_when_asked(brow
     page.locator("#step").click()  # Step walks the recording: no model runs
     expect(page.locator("#tree-plot")).to_contain_text("Step 2:", timeout=30_000)
     expect(page.locator("#status")).to_contain_text(f"Replay: step 2 of {total}", timeout=30_000)
-    page.locator("#play").click()  # so does Play
-    expect(page.locator("#status")).to_contain_text(f"Replay: step 4 of {total}", timeout=30_000)
+    page.locator("#play").click()  # so does Play (at its pace a step may show only briefly: past step 3 will do)
+    expect(page.locator("#status")).to_contain_text(re.compile(rf"Replay: step ([4-9]|\d\d+) of {total}"),
+                                                    timeout=30_000)
     page.locator("#play").click()  # pause
     assert f"of {total}" in page.locator("#history").inner_text()  # the recording, not a new run
     page.locator("#run-live").click()  # the named action: its prompt, live, from step 1

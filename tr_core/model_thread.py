@@ -1,0 +1,55 @@
+"""One thread for all of a server's model work.
+
+On a CPU, torch runs its parallel regions on OpenMP workers that belong to the thread calling torch.
+Once a second thread has called torch, GNU OpenMP counts more of its threads than there are cores, and
+its workers then sleep between parallel regions instead of spinning: each of a forward's hundreds of
+regions pays a wake-up.  A greedy step of the embedded model on 2 cores took 29 ms from one thread and
+about 50 ms once another thread had run torch as well.  A web server runs each event on a thread of its
+own pool, so it hands its model work to one :class:`ModelThread` instead, and every forward, step and
+load of the process runs there, as in a one-thread benchmark.
+"""
+from __future__ import annotations
+
+import contextvars
+import functools
+import inspect
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+
+class ModelThread:
+    """Runs callables on one thread of its own, one at a time, in the order asked (``run``), or
+    in the caller's thread where ``enabled`` is False (callers that must run side by side)."""
+
+    def __init__(self, enabled: bool = True, name: str = "model"):
+        self.enabled = enabled
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix=name) if enabled else None
+        self._ident = self._pool.submit(threading.get_ident).result() if enabled else None
+
+    def run(self, fn, /, *args, **kwargs):
+        """``fn(*args, **kwargs)`` on the model thread (the caller's context variables with it, so that
+        a web framework's per-event state reaches it); its result, or its exception."""
+        if not self.enabled or threading.get_ident() == self._ident:
+            return fn(*args, **kwargs)
+        context = contextvars.copy_context()
+        return self._pool.submit(context.run, fn, *args, **kwargs).result()
+
+    def wrap(self, fn):
+        """``fn``, run on the model thread; a generator function's every step is (same signature, so
+        that a framework that reads it still injects what it asks for)."""
+        if inspect.isgeneratorfunction(fn):
+            @functools.wraps(fn)
+            def each(*args, **kwargs):
+                gen = self.run(fn, *args, **kwargs)
+                while True:
+                    try:
+                        item = self.run(next, gen)
+                    except StopIteration:
+                        return
+                    yield item
+            return each
+
+        @functools.wraps(fn)
+        def once(*args, **kwargs):
+            return self.run(fn, *args, **kwargs)
+        return once
