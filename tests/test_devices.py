@@ -222,6 +222,31 @@ def test_a_released_kv_cache_is_rebuilt_and_the_output_stays_greedy(tiny_lm):
     assert all(s.wall is not None and s.seconds == s.wall for s in race.decoder.steps)  # whole-step wall clock
 
 
+def test_the_race_wakes_the_cpu_before_it_times_the_method_and_not_a_gpu(monkeypatch, tiny_lm):
+    """A step of the race first keeps the CPU busy (untimed), so a CPU that idled while the page drew
+    does not charge its slow first forward to the method; a GPU is not woken."""
+    import time
+
+    import tr_core.race as race_mod
+    from tr_core.decoders import GreedyDecoder, TokenRecyclingDecoder
+    from tr_core.devices import wake
+
+    t0 = time.perf_counter()
+    wake(torch.device("cpu"), 0.02)
+    assert time.perf_counter() - t0 >= 0.02
+    t0 = time.perf_counter()
+    wake(torch.device("meta"), 5.0)  # not a CPU: nothing to wake here
+    assert time.perf_counter() - t0 < 1.0
+    events = []
+    monkeypatch.setattr(race_mod, "wake", lambda device: events.append(("wake", device.type)))
+    real = race_mod.timed_step
+    monkeypatch.setattr(race_mod, "timed_step", lambda dec, fw=None: (events.append(("step", type(dec).__name__)), real(dec, fw))[1])
+    race = race_mod.Race(TokenRecyclingDecoder(tiny_lm, tree="tr-16", max_new_tokens=8), GreedyDecoder(tiny_lm, 8))
+    race.start([5, 9, 14, 3])
+    race.step()
+    assert events[0] == ("wake", "cpu") and events[1][0] == "step" and events.count(("wake", "cpu")) == 1
+
+
 def test_the_bench_uses_one_copy_where_a_second_does_not_fit(monkeypatch, tiny_lm):
     import dataclasses
 

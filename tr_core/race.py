@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass, field
 
 from .decoders import Decoder, GreedyDecoder
-from .devices import synchronize
+from .devices import synchronize, wake
 from .precision import Divergence, explain_divergence
 from .trace import Step
 
@@ -50,6 +50,7 @@ class Race:
     def step(self) -> Step:
         self.restore_caches()
         gc.collect(1)  # what the caller left to collect (e.g. drawing the last step) is not this step's work
+        wake(self.decoder.lm.device)  # nor is waking a CPU that idled while the page drew: greedy's steps follow at once
         step = timed_step(self.decoder, self.forwards)
         while not self.greedy.done and len(self.greedy.output) < len(self.decoder.output):
             timed_step(self.greedy, self.forwards)
