@@ -52,6 +52,12 @@ SETTLE = ("(...args) => new Promise((done) => { if (document.hidden) { done(args
           "requestAnimationFrame(() => requestAnimationFrame(() => { seen.observe(document.body, "
           "{subtree: true, childList: true, attributes: true, characterData: true}); wait(); })); })")
 
+# Play's beat: SETTLE, then at most the "Play: steps/s" slider's pace (counted from when the last step was asked for)
+PACED = ("(...args) => (" + SETTLE + ")(...args).then((a) => new Promise((done) => { "
+         "const rate = Math.max(0.1, parseFloat(document.querySelector('#speed input')?.value) || 2); "
+         "const wait = Math.max(0, 1000 / rate - (performance.now() - (window.trPlayAsked || 0))); "
+         "setTimeout(() => { window.trPlayAsked = performance.now(); done(a); }, wait); }))")
+
 
 def intro_for(method_label: str) -> str:
     """The header for the method chosen in the Method box (``METHODS``' labels)."""
@@ -108,7 +114,7 @@ def step_tab(hub: ModelHub, cap: int, default_tokens: int) -> dict:
         ui["history"] = gr.Slider(1, 2, value=1, step=1, label="History (steps appear here)", elem_id="history",
                                   interactive=False, scale=5)
         ui["speed"] = gr.Slider(0.5, 5, value=2, step=0.5, label="Play: steps/s", scale=1, min_width=120,
-                                )
+                                elem_id="speed")
         ui["example_run"] = gr.Dropdown(example_choices(), value=None, label="Example runs",
                                         elem_id="example-runs", scale=2, min_width=160)
         ui["example"] = gr.Dropdown([(f"{e['category']}: {e['prompt'][:50]}", e["prompt"]) for e in examples],
@@ -140,10 +146,11 @@ def step_tab(hub: ModelHub, cap: int, default_tokens: int) -> dict:
     ui["alt"] = gr.HTML(elem_id="plot-alt")
     ui["node_pick"] = gr.Textbox(visible="hidden", elem_id="node-pick")
     ui["token_pick"] = gr.Textbox(visible="hidden", elem_id="token-pick")
-    ui["timer"] = gr.Timer(0.5, active=False)  # Play
-    # Run to end: each step's handler sets a new beat, whose change asks for the next step once the page has
-    # drawn this one (SETTLE); one step in flight at a time, each queued on its own
+    # Run to end and Play: each step's handler sets a new beat, whose change asks for the next step once the
+    # page has drawn this one (SETTLE; Play then also keeps to its steps/s, PACED); one step in flight at a time,
+    # each queued on its own
     ui["run_beat"] = gr.State(0)
+    ui["play_beat"] = gr.State(0)
     return ui
 
 
@@ -209,7 +216,7 @@ def wire(demo: gr.Blocks, h: Handlers, session, ui: dict, cmp: dict, hub: ModelH
     # steps of different tabs run alongside: their forwards are shared (Handlers.batcher), a tab's own one at a time
     steps = model if batch_tabs <= 1 else dict(concurrency_id="steps", concurrency_limit=batch_tabs)
     stepping = dict(steps, show_progress_on=[ui["status"]])
-    play = [ui["timer"], ui["play"]]
+    play = [ui["play_beat"], ui["play"]]
     buttons = [ui["step"], ui["play"], ui["run"], ui["stop"]]
     # the run file and the browser's copy, after a step; never while a step runs (the race's times stay its own)
     prepare = dict(fn=files.prepare, inputs=session, outputs=[ui["save"], ui["kept"]], show_progress="hidden",
@@ -236,13 +243,13 @@ def wire(demo: gr.Blocks, h: Handlers, session, ui: dict, cmp: dict, hub: ModelH
                           trigger_mode="always_last", js=SETTLE, **stepping).then(**prepare)
     gr.Button(visible=False).click(gpu["run"], inputs_kwargs=step_in, outputs=views, api_name="do_run",
                                    **(model if batch_tabs <= 1 else dict(concurrency_id="steps")))
-    ui["stop"].click(h.stop, session, [ui["timer"], *buttons]).then(**prepare)
-    ui["timer"].tick(gpu["tick"], inputs_kwargs=step_in, outputs=views + play, js=SETTLE, **stepping).then(
+    ui["stop"].click(h.stop, session, buttons).then(**prepare)
+    ui["play_beat"].change(gpu["tick"], inputs_kwargs=step_in, outputs=views + play, trigger_mode="always_last",
+                           js=PACED, **stepping).then(
         **prepare).then(**follow)
     ui["play"].click(h.toggle_play, [ui["play"], ui["speed"], session], play).then(**prepare)
-    ui["speed"].change(lambda v: gr.Timer(value=1.0 / float(v)), ui["speed"], ui["timer"])
     # Reset queues with the steps: a step already running is drawn before it, never over it
-    ui["reset"].click(h.reset, session, views + [ui["timer"], *buttons], **model).then(
+    ui["reset"].click(h.reset, session, views + buttons, **model).then(
         **prepare).then(**follow)
     ui["history"].input(h.history, [ui["history"], session], views, trigger_mode="always_last")  # lands where released
     ui["teach"].change(h.teach_toggled, [ui["teach"], session], views)

@@ -286,20 +286,21 @@ class Handlers:
 
     def tick(self, request: gr.Request, sess: Session | None, prompt: str = "", teach: bool = False, **settings):
         """Play: the next frame in Teach mode, else the next step; stops at the end or on an error."""
-        if sess is not None and sess.flight.stop:  # a tick queued behind Stop or Reset draws nothing new
-            return (*self.render(sess), gr.Timer(active=False), gr.Button(value="▶ Play"))
+        if sess is not None and (sess.flight.stop or not sess.flight.playing):  # a beat after Pause, Stop or Reset
+            return (*self.render(sess), gr.skip(), gr.Button(value="▶ Play"))
         shown = self.shown_now(sess)
         out = (self.next_frame if teach else self.step)(request, sess, prompt, teach, **settings)
         sess = out[0]
+        sess.flight.playing = not sess.flight.stop  # a tab's first press of Play had no session to mark yet
         if sess.flight.stop:  # Pause, Stop or Reset came while this step ran: it is not drawn (Step shows it)
             said = self.hold(sess, shown, "Paused")
-            return (*self.render(sess, said), gr.Timer(active=False), gr.Button(value="▶ Play"))
+            return (*self.render(sess, said), gr.skip(), gr.Button(value="▶ Play"))
         if sess.in_progress and not out[-1].startswith("⚠️"):
-            return (*out, gr.skip(), gr.skip())
+            return (*out, next_beat(), gr.skip())
         if teach and sess.stepping() is not None and sess.cursor.frame < 4:
-            return (*out, gr.skip(), gr.skip())  # the last step's frames still play
+            return (*out, next_beat(), gr.skip())  # the last step's frames still play
         sess.flight.playing = False
-        return (*out, gr.Timer(active=False), gr.Button(value="▶ Play"))
+        return (*out, gr.skip(), gr.Button(value="▶ Play"))
 
     def next_frame(self, request: gr.Request, sess: Session | None, prompt: str = "", teach: bool = True,
                    **settings):
@@ -383,15 +384,16 @@ class Handlers:
     def stop(self, sess: Session | None):
         if sess is not None:
             sess.flight.stop, sess.flight.playing = True, False
-        return gr.Timer(active=False), *ui_running(False)
+        return ui_running(False)
 
     def toggle_play(self, label: str, steps_per_s: float, sess: Session | None):
-        """Play / Pause: the Play timer on or off (Play clears an earlier Stop or Reset)."""
+        """Play / Pause.  Play clears an earlier Stop or Reset and sets Play's beat, whose change asks for
+        the first step (``app``: once the page has drawn, at the "steps/s" pace); each step then sets the
+        next beat until Pause, the end or an error.  ``steps_per_s`` is read by the page itself."""
         start = str(label).startswith("▶")
         if sess is not None:
             sess.flight.stop, sess.flight.playing = not start, start
-        return (gr.Timer(value=1.0 / float(steps_per_s), active=start),
-                gr.Button(value="❚❚ Pause" if start else "▶ Play"))
+        return (next_beat() if start else gr.skip(), gr.Button(value="❚❚ Pause" if start else "▶ Play"))
 
     def reset(self, request: gr.Request, sess):
         """Final: a run in progress ends at its next step, and the step in flight (if any) is waited
@@ -400,7 +402,7 @@ class Handlers:
         sess.flight.stop = True
         sess.flight.wait_idle(RESET_WAIT)
         sess.reset()
-        return (*self.render(sess, "Reset."), gr.Timer(active=False), *ui_running(False))
+        return (*self.render(sess, "Reset."), *ui_running(False))
 
     def history(self, n, sess: Session | None, request: gr.Request = None):
         sess = self.session(sess, request)
@@ -476,13 +478,14 @@ class Handlers:
 
 
 def next_beat() -> int:
-    """A new value for Run to end's beat (``app``: its change asks for the next step, once the page has drawn)."""
+    """A new value for Run to end's or Play's beat (``app``: its change asks for the next step, once the page
+    has drawn)."""
     return time.monotonic_ns()
 
 
 def ui_running(running: bool) -> tuple:
     """Step, Play, Run to end and Stop while a run holds the session (True) or not (Play reads
-    "▶ Play" then: its timer is off)."""
+    "▶ Play" then: it is not playing)."""
     play = gr.Button(interactive=False) if running else gr.Button(interactive=True, value="▶ Play")
     return gr.Button(interactive=not running), play, gr.Button(visible=not running), gr.Button(visible=running)
 

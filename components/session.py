@@ -368,7 +368,7 @@ class InFlight:
     epoch: int = 0  # counts resets: a run set up across one is dropped
     stop: bool = False  # Stop or Reset pressed while a run holds the session
     running: object = None  # the run Run to end steps (its ticks never start another)
-    playing: bool = False  # Play's timer is on
+    playing: bool = False  # Play is on (its beat asks for the next step)
     held: bool = False  # a step that was running when Stop or Pause came is not shown yet: the next Step shows it
     last_active: float = field(default_factory=time.monotonic)  # for freeing an idle tab's KV caches
 

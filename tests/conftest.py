@@ -142,3 +142,8 @@ def browser():
         b = p.chromium.launch(executable_path=chromium, args=BROWSER_ARGS)
         yield b
         b.close()
+
+
+def is_skip(update) -> bool:
+    """``gr.skip()``: the output is left as it is."""
+    return isinstance(update, dict) and update == {"__type__": "update"}

@@ -13,6 +13,7 @@ from components.session import Session, UserError
 from tr_core.runs import RunFileError, read_run, record_run
 
 from .test_app import PROMPT, settings
+from .conftest import is_skip
 
 
 def stepped(hub, n=3, **kw) -> Session:  # noqa: F811
@@ -226,11 +227,15 @@ def test_a_step_that_ends_after_pause_or_stop_is_not_drawn(hub):  # noqa: F811
     def pressed_meanwhile(s, prompt, settings_):  # the step runs, and Pause comes before it ends
         advance(s, prompt, settings_)
         s.flight.stop = True
+    beat, label = h.toggle_play("▶ Play", 2, sess)  # Play: a new beat asks for the first step
+    assert isinstance(beat, int) and sess.flight.playing and label.value == "❚❚ Pause"
     h.advance = pressed_meanwhile
     out = h.tick(None, sess, PROMPT, **page)
     assert len(sess.view().steps) == 2 and sess.cursor.shown == 1 and "step 1 of 2" in out[-4].label
     assert "Step 1:" in out[1].layout.title.text and "Paused at step 1" in out[-3]
-    assert out[-2].active is False  # Play's timer stops
+    assert is_skip(out[-2]) and out[-1].value == "▶ Play" and not sess.flight.playing  # no next beat: Play stops
+    late = h.tick(None, sess, PROMPT, **page)  # a beat that was already on its way draws nothing new
+    assert len(sess.view().steps) == 2 and is_skip(late[-2])
     h.advance = advance
     out = h.step(None, sess, PROMPT, **page)  # Step shows the step kept back, no model work
     assert len(sess.view().steps) == 2 and "Step 2:" in out[1].layout.title.text

@@ -56,7 +56,7 @@ def test_browser_steps_draw_tree_heatmap_and_counters(launched, tmp_path):  # no
             assert page.locator("#tree-plot .js-plotly-plot .point").count() == drafted + 2 + left_out
             assert page.locator("#matrix-heatmap .js-plotly-plot").inner_text().strip()
             assert page.locator("#output-text .tok").count() >= 4, page.locator("#output-text").inner_html()[:3000]
-            # Play steps on Gradio's timer until paused
+            # Play steps on its beat until paused
             def forward_passes() -> int:
                 text = page.locator("#counters").inner_text()
                 found = re.search(r"forward passes\s+(\d+)", text)
@@ -65,7 +65,7 @@ def test_browser_steps_draw_tree_heatmap_and_counters(launched, tmp_path):  # no
             assert forward_passes() == 4
             page.locator("#play").click()
             expect(page.locator("#play")).to_have_text("❚❚ Pause", timeout=10_000)
-            for _ in range(120):  # two more steps on the timer, within a minute
+            for _ in range(120):  # two more steps on its beat, within a minute
                 if forward_passes() >= 6:
                     break
                 page.wait_for_timeout(500)

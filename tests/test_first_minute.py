@@ -13,13 +13,9 @@ from components.run_files import EXAMPLE_DIR, example_runs, open_run_bytes
 from components.session import PAGE_MAX_NODES, SHIPPED_MATRIX, Session, UserError
 from tr_core import AdjacencyMatrix
 
+from .conftest import is_skip
 from .test_app import PROMPT, settings
 from .conftest import SPEC_BENCH
-
-
-def is_skip(update) -> bool:
-    """``gr.skip()``: the output is left as it is."""
-    return isinstance(update, dict) and update == {"__type__": "update"}
 
 
 def page_session() -> Session:
