@@ -56,9 +56,14 @@ def step_cost_line(view: RunView, n: int) -> str:
     step, b = view.step(n), view.baseline[n - 1] if 0 < n <= len(view.baseline) else None
     if step is None or b is None or not b["forwards"] or not b["seconds"] or step.method == "greedy":
         return ""
-    ratio = step.seconds / (b["seconds"] / b["forwards"])
-    return (f"This step: one forward of {step.forward_tokens} token{'s' * (step.forward_tokens != 1)} took "
-            f"{ratio:.2f}× a greedy step's time here, and committed {len(step.committed)}.")
+    read, greedy_read = step.timings.get("reading", 0.0), b.get("reading", 0.0)
+    ratio = (step.seconds - read) / ((b["seconds"] - greedy_read) / b["forwards"])
+    words = (f"This step: one forward of {step.forward_tokens} token{'s' * (step.forward_tokens != 1)} took "
+             f"{ratio:.2f}× a greedy step's time here, and committed {len(step.committed)}.")
+    if read:  # the first step: both sides read the prompt before it, and the counters count it, as the benchmark does
+        words += (f" Before it, each side read the prompt ({read:.2f} s; greedy {greedy_read:.2f} s); the counters "
+                  f"include that.")
+    return words
 
 
 def tree_title(view: RunView, n: int) -> str:

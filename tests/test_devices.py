@@ -242,9 +242,17 @@ def test_the_race_wakes_the_cpu_before_it_times_the_method_and_not_a_gpu(monkeyp
     real = race_mod.timed_step
     monkeypatch.setattr(race_mod, "timed_step", lambda dec, fw=None: (events.append(("step", type(dec).__name__)), real(dec, fw))[1])
     race = race_mod.Race(TokenRecyclingDecoder(tiny_lm, tree="tr-16", max_new_tokens=8), GreedyDecoder(tiny_lm, 8))
-    race.start([5, 9, 14, 3])
+    race.start([5, 9, 14, 3])  # reading the prompt is timed too: after a wake
+    assert events == [("wake", "cpu")]
     race.step()
-    assert events[0] == ("wake", "cpu") and events[1][0] == "step" and events.count(("wake", "cpu")) == 1
+    assert events[1] == ("wake", "cpu") and events[2] == ("step", "TokenRecyclingDecoder")
+    assert events.count(("wake", "cpu")) == 2
+    # each side's first step carries its reading of the prompt, in its wall clock and as a phase
+    first_tr, first_greedy = race.decoder.steps[0], race.greedy.steps[0]
+    assert first_tr.timings["reading"] == race.reading["method"] > 0 and first_tr.seconds >= race.reading["method"]
+    assert first_greedy.timings["reading"] == race.reading["greedy"] > 0 == race.baseline[0]["reading"] - race.reading["greedy"]
+    race.step()
+    assert "reading" not in race.decoder.steps[1].timings
 
 
 def test_the_bench_uses_one_copy_where_a_second_does_not_fit(monkeypatch, tiny_lm):

@@ -9,7 +9,8 @@ Layout (``FORMAT`` = "token-recycling-run", ``VERSION`` = 1)::
     {"format", "version",
      "header": {"model", "dtype", "device", "template", "method", "settings": {...}, "prompt", "prompt_ids"},
      "steps": [Step.to_dict(), ...],
-     "baseline": [{"tokens", "forwards", "seconds"} after each step],  # greedy's progress in the race
+     "baseline": [{"tokens", "forwards", "seconds", "reading"} after each step],  # greedy's progress in the race
+                                  # (seconds: its steps', reading the prompt included, which was "reading" of them)
      "outputs": {"method": [...ids], "baseline": [...ids]},
      "tokens": {"id": "text", ...}, "special": [ids shown as a marked end]}
 """
@@ -109,8 +110,8 @@ def _run_from_doc(doc: dict) -> Run:
     raw_steps = doc["steps"]
     _need(isinstance(raw_steps, list) and 0 < len(raw_steps) <= MAX_STEPS, "steps")
     steps = [step_from_dict(s, n + 1) for n, s in enumerate(raw_steps)]
-    baseline = [{"tokens": int(b["tokens"]), "forwards": int(b["forwards"]), "seconds": float(b["seconds"])}
-                for b in doc["baseline"]]
+    baseline = [{"tokens": int(b["tokens"]), "forwards": int(b["forwards"]), "seconds": float(b["seconds"]),
+                 "reading": float(b.get("reading", 0.0))} for b in doc["baseline"]]
     _need(len(baseline) == len(steps), "baseline")
     outputs = {str(k): _ints(v) for k, v in doc["outputs"].items()}
     tokens = {int(k): str(v) for k, v in doc["tokens"].items()}
