@@ -7,9 +7,9 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 
-MAT_SAYS = "(mean accepted tokens; greedy commits {greedy:.2f} a pass)"  # beside the figure, on the first screen
-MAT_WORDS = ("MAT (mean accepted tokens) is the method's own figure: tokens committed per forward pass, "
-             "greedy's is 1. The speedup is what this machine makes of it: MAT ÷ how much longer a step of the "
+MAT_SAYS = "(mean accepted tokens: accepted drafts plus the model's own token; greedy commits {greedy:.2f} a pass)"  # beside the figure, on the first screen
+MAT_WORDS = ("MAT (mean accepted tokens) is the method's own figure: tokens committed per forward pass, the accepted "
+             "drafts and the model's own token (★) together; greedy's is 1. The speedup is what this machine makes of it: MAT ÷ how much longer a step of the "
              "method takes than a greedy step here (its forward carries the whole draft tree).")
 
 
@@ -77,7 +77,7 @@ def charts_figure(accepted_lengths: list[int], speedups: list[float], max_len: i
     counts = [accepted_lengths.count(i) for i in range(1, max_len + 1)]
     fig.add_trace(go.Bar(x=list(range(1, max_len + 1)), y=counts, marker_color="#2e9d4f",
                          hovertemplate="%{y} steps committed %{x} tokens<extra></extra>"), row=1, col=1)
-    fig.add_trace(go.Scatter(x=list(range(1, len(speedups) + 1)), y=speedups, mode="lines",
+    fig.add_trace(go.Scatter(x=list(range(1, len(speedups) + 1)), y=speedups, mode="lines+markers" if len(speedups) < 3 else "lines",
                              line=dict(color="#1f4e99"), hovertemplate="step %{x}: %{y:.2f}×<extra></extra>"),
                   row=1, col=2)
     fig.add_hline(y=1.0, line=dict(color="#999", dash="dot", width=1), row=1, col=2)
@@ -85,8 +85,9 @@ def charts_figure(accepted_lengths: list[int], speedups: list[float], max_len: i
                       uirevision="charts")
     fig.update_xaxes(dtick=1 if max_len <= 12 else (2 if max_len <= 24 else 5), title_text="tokens committed in one step",
                      row=1, col=1)  # ticks a reader can tell apart on a long lookahead
-    fig.update_yaxes(title_text="steps", row=1, col=1)
-    fig.update_xaxes(title_text="step", row=1, col=2)
+    whole = lambda top: dict(tick0=0, dtick=max(1, -(-top // 6)), tickformat="d")  # noqa: E731  (counts: no 0.5 ticks)
+    fig.update_yaxes(title_text="steps", rangemode="tozero", **whole(max(counts, default=1)), row=1, col=1)
+    fig.update_xaxes(title_text="step", **whole(max(len(speedups), 1)), row=1, col=2)
     fig.update_yaxes(title_text="speedup over greedy (×)", row=1, col=2)
     fig.update_xaxes(title_font_size=11)
     fig.update_yaxes(title_font_size=11)

@@ -17,8 +17,8 @@ SCALE = [[0.0, "#eef1f4"], [0.24, "#eef1f4"], [0.25, "#ffe08a"], [0.49, "#ffe08a
 ROWS = "each row: a token ·its id (its vocabulary number)<br>and its k likeliest next tokens<br>"  # a phone's lines
 PATH = "▶ the accepted path, from the root: the last<br>committed token, where this step starts<br>"
 ROOT = "▶ the tree's root: the last committed token, where<br>this step starts (the path is known at phase 3)<br>"
-SIGNS = "∅ never written: no candidates · ␣ space · ↵ new line"
-COLOURS = ("<span style='color:#999'>■</span> unchanged <span style='color:#e0b000'>■</span> other rank "
+SIGNS = "∅ never written: no candidates · ␣ space · ↵ new line<br>‹_› a token of underscores only"
+COLOURS = ("<span style='color:#999'>■</span> unchanged <span style='color:#e0b000'>■</span> moved rank "
            "<span style='color:#f08a4b'>■</span> new")
 
 

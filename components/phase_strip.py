@@ -11,9 +11,9 @@ from .tokens import visible
 LATER = ("Steps whose drafts miss can cost more than greedy's: every draft token costs forward time (more on a "
          "CPU). Where drafts keep missing, the planner shrinks the tree.")
 MISSED = "Steps that miss, most often early ones, cost more than greedy's: draft tokens cost forward time."
-EARLY = ("Early steps: a third or more of this tree would come from rows never written (∅), so few drafts "
-         "can hit yet, and every draft token costs forward time (big trees cost more on a CPU): early steps "
-         "can be slower than greedy.")
+EARLY = ("The matrix is still mostly empty here: a third or more of this tree would come from rows never "
+         "written (∅), so few drafts can hit yet, and every draft token costs forward time (big trees cost more "
+         "on a CPU): such steps can be slower than greedy.")
 
 
 def _positions(n: int) -> str:

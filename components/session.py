@@ -484,7 +484,7 @@ class Session:
             race.release_caches()  # a finished race never steps again: its KV caches go at once
         if race is self.live.race:
             self.cursor.show(None)
-            self.say(DONE if race.done else "")
+            self.say(DONE if race.done else stepped(race.decoder.steps[-1], len(race.decoder.steps)))
         return race
 
     def say(self, words: str) -> None:
@@ -641,6 +641,12 @@ class Session:
         self.reset()
         self.replay = RunView.of_run(run)
         self.cursor.shown = 1
+
+
+def stepped(step, n: int) -> str:
+    """The status line after a live step: that it ended, and what it committed."""
+    k, drafted = len(step.committed), min(step.accepted_drafts, len(step.committed))
+    return f"Step {n} done: {k} token{'s' * (k != 1)} committed ({drafted} from the draft)."
 
 
 def check_prompt(prompt) -> None:

@@ -310,7 +310,7 @@ def _bonus_trace(fig, step: Step, token_text, end: tuple, star: tuple, side: str
         name="model's own", x=[star[0]], y=[star[1]], mode="markers+text", cliponaxis=False,
         text=[visible(token_text(bonus), 10) if side else ""], textposition=side or "bottom center",
         textfont=dict(size=11, color="#6b4e00"), marker=dict(size=18, symbol="star", color=COLORS["bonus"]),
-        hovertext=[f"<b>bonus</b> {visible(token_text(bonus), 30)} (id {bonus})<br>the model's own next "
+        hovertext=[f"<b>★ the model's own token</b> {visible(token_text(bonus), 30)} (id {bonus})<br>the model's own next "
                    f"token after the accepted path" + (" (sampled; no child matched it)" if step.sampled else "")],
         hoverinfo="text"))
 
