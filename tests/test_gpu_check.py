@@ -106,7 +106,8 @@ def test_pieces_are_joined_only_when_whole(tmp_path):
     assert len(list((tmp_path / "parts").glob("*.part*"))) == 3
     assert reassemble(tmp_path / "parts", tmp_path / "joined").read_bytes() == src.read_bytes()
     part = tmp_path / "parts" / "model.gguf.part001"
-    part.write_bytes(b"x" + part.read_bytes()[1:])
+    data = part.read_bytes()
+    part.write_bytes(bytes([data[0] ^ 0xFF]) + data[1:])  # a byte surely changed
     with pytest.raises(PiecesError, match="part001 is damaged"):
         reassemble(tmp_path / "parts", tmp_path / "again")
     part.unlink()
