@@ -247,7 +247,7 @@ def wire(demo: gr.Blocks, h: Handlers, session, ui: dict, cmp: dict, hub: ModelH
     ui["play_beat"].change(gpu["tick"], inputs_kwargs=step_in, outputs=views + play, trigger_mode="always_last",
                            js=PACED, **stepping).then(
         **prepare).then(**follow)
-    ui["play"].click(h.toggle_play, [ui["play"], ui["speed"], session], play).then(**prepare)
+    ui["play"].click(h.toggle_play, [ui["play"], session], play).then(**prepare)
     # Reset queues with the steps: a step already running is drawn before it, never over it
     ui["reset"].click(h.reset, session, views + buttons, **model).then(
         **prepare).then(**follow)

@@ -386,10 +386,10 @@ class Handlers:
             sess.flight.stop, sess.flight.playing = True, False
         return ui_running(False)
 
-    def toggle_play(self, label: str, steps_per_s: float, sess: Session | None):
+    def toggle_play(self, label: str, sess: Session | None):
         """Play / Pause.  Play clears an earlier Stop or Reset and sets Play's beat, whose change asks for
         the first step (``app``: once the page has drawn, at the "steps/s" pace); each step then sets the
-        next beat until Pause, the end or an error.  ``steps_per_s`` is read by the page itself."""
+        next beat until Pause, the end or an error (the page itself reads the "steps/s" slider)."""
         start = str(label).startswith("▶")
         if sess is not None:
             sess.flight.stop, sess.flight.playing = not start, start

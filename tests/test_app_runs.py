@@ -227,7 +227,7 @@ def test_a_step_that_ends_after_pause_or_stop_is_not_drawn(hub):  # noqa: F811
     def pressed_meanwhile(s, prompt, settings_):  # the step runs, and Pause comes before it ends
         advance(s, prompt, settings_)
         s.flight.stop = True
-    beat, label = h.toggle_play("▶ Play", 2, sess)  # Play: a new beat asks for the first step
+    beat, label = h.toggle_play("▶ Play", sess)  # Play: a new beat asks for the first step
     assert isinstance(beat, int) and sess.flight.playing and label.value == "❚❚ Pause"
     h.advance = pressed_meanwhile
     out = h.tick(None, sess, PROMPT, **page)
