@@ -59,7 +59,7 @@ def test_mat_is_explained_beside_its_figure():
     html = counters_html(fig)
     lead = html[html.index("mat-lead"):html.index("<table")]  # before the table: on the first screen
     assert "MAT <b>2.50</b> tokens per forward pass" in lead
-    assert "mean accepted tokens" in lead and "greedy commits 1.00 a pass" in lead
+    assert "mean accepted tokens" in lead and "★ included; greedy: 1.00" in lead
 
 
 def test_a_lone_matrix_row_is_drawn_at_a_row_height():
