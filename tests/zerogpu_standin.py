@@ -9,8 +9,13 @@ from __future__ import annotations
 
 import functools
 import multiprocessing
+import os
 import pickle
+import signal
 import types
+
+
+CHILD_LIMIT_S = 300
 
 
 class CallFailed(RuntimeError):
@@ -44,6 +49,10 @@ def _run_forked(fn, args, kwargs):
     proc.start()
     writer.close()
     try:
+        if not reader.poll(CHILD_LIMIT_S):  # ZeroGPU ends a call that outlives its time
+            os.kill(proc.pid, signal.SIGABRT)  # faulthandler, inherited from pytest, prints its stack
+            proc.join()
+            raise CallFailed(f"the GPU process of {fn.__name__} was stuck for {CHILD_LIMIT_S} s")
         data = reader.recv_bytes()
     except EOFError:
         proc.join()
