@@ -1,6 +1,6 @@
 """Load: several gradio_client sessions step concurrently (loopback only); each gets what it would alone.
 
-Size by ``LOAD_SESSIONS`` and ``LOAD_STEPS`` (default 8 x 8; ``LOAD_STEPS=50`` for a longer run).
+Size by ``LOAD_SESSIONS`` and ``LOAD_STEPS`` (default 8 x 5; ``LOAD_STEPS=50`` for a longer run).
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from .conftest import free_port
 pytestmark = pytest.mark.slow
 
 SESSIONS = int(os.environ.get("LOAD_SESSIONS", "8"))
-STEPS = int(os.environ.get("LOAD_STEPS", "8"))
+STEPS = int(os.environ.get("LOAD_STEPS", "5"))
 PROMPTS = ["Name three rivers in Europe.", "Write a haiku about autumn.", "What is 12 squared?",
            "Translate to German: good morning, my friend.", "List the days of the week.",
            "Give two uses of copper.", "Summarize: the cat sat on the mat because it was warm.",
