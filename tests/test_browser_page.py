@@ -26,7 +26,6 @@ def small_app(hub):
     demo.close()
 
 
-
 def open_page(browser, url, width, height):
     from playwright.sync_api import expect
 
@@ -108,6 +107,19 @@ def test_on_a_phone_the_text_follows_the_controls_and_buttons_fit_a_finger(brows
             assert box(page, later)["y"] > text["y"], later
         assert page.locator("#output-text .tok").count() >= 2
         short = {b: box(page, b)["height"] for b in BUTTONS if box(page, b)["height"] < 44}
+        assert not short, short
+        page.locator("#settings").get_by_text("Settings").first.click()  # its buttons shown too
+        page.wait_for_timeout(500)
+        # everything a finger taps on the page: Plotly's own tool bar aside (it shows on hover only), and
+        # Gradio's footer and its hidden copies of the tab buttons (it measures the tab bar with them)
+        tappable = page.evaluate("""() => [...document.querySelectorAll(
+              '.gradio-container button, .gradio-container [role=tab], .gradio-container .label-wrap')]
+            .filter(e => !e.closest('.modebar, .visually-hidden, footer') && e.getClientRects().length > 0
+                         && getComputedStyle(e).visibility !== 'hidden')
+            .map(e => ({what: (e.id || e.getAttribute('aria-label') || e.textContent || '').trim().slice(0, 30),
+                        height: e.getBoundingClientRect().height}))""")
+        assert len(tappable) > len(BUTTONS)
+        short = [t for t in tappable if t["height"] < 44]
         assert not short, short
     finally:
         page.close()
