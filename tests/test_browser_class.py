@@ -9,8 +9,6 @@ import re
 import shutil
 import time
 
-
-
 RUNNER = "Write the numbers from one to forty in words, one per line."
 PROMPTS = ["Name three colours and say why you like each one.", "Describe a cat in two sentences.",
            "What is the capital of France? Explain briefly.", "Give me a short tip for learning to cook.",
