@@ -144,6 +144,18 @@ def browser():
         b.close()
 
 
+def stop_cleanly(page) -> None:
+    """In a browser tab: stop its run if it still goes on; then Run is back, Step is enabled and the
+    status says nothing went wrong."""
+    from playwright.sync_api import expect
+
+    if page.locator("#stop").is_visible():
+        page.locator("#stop").click()
+    expect(page.locator("#run")).to_be_visible(timeout=60_000)
+    expect(page.locator("#step")).to_be_enabled()
+    assert "went wrong" not in page.locator("#status").inner_text()
+
+
 def is_skip(update) -> bool:
     """``gr.skip()``: the output is left as it is."""
     return isinstance(update, dict) and update == {"__type__": "update"}

@@ -9,6 +9,8 @@ import re
 import shutil
 import time
 
+from .conftest import stop_cleanly
+
 RUNNER = "Write the numbers from one to forty in words, one per line."
 PROMPTS = ["Name three colours and say why you like each one.", "Describe a cat in two sentences.",
            "What is the capital of France? Explain briefly.", "Give me a short tip for learning to cook.",
@@ -69,11 +71,7 @@ def class_load(url: str, tabs: int = 8, steps: int = 3, browser=None) -> dict:
             assert not pending, f"tabs {sorted(pending)} never got step {n}"
         still_running = "Done" not in runner.locator("#status").inner_text()
         notes = [page.evaluate("window.trWaitNotes || []") for page in others]  # what each waiting tab said
-        if runner.locator("#stop").is_visible():  # the class has had its steps: the run stops cleanly
-            runner.locator("#stop").click()
-        expect(runner.locator("#run")).to_be_visible(timeout=60_000)
-        expect(runner.locator("#step")).to_be_enabled()
-        assert "went wrong" not in runner.locator("#status").inner_text()
+        stop_cleanly(runner)  # the class has had its steps
         return {"waits": waits, "run_still_going": still_running, "run_steps": forward_passes(runner),
                 "wait_notes": notes}
     finally:
