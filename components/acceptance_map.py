@@ -9,7 +9,7 @@ import plotly.graph_objects as go
 
 from tr_core.trace import Step
 
-from .tree_plot import blank_figure, edge_trace, titled, tree_layout
+from .tree_plot import edge_trace, note, panel_layout, tree_layout
 
 LEGEND = ("colour = accepted ÷ drafted (white 0% → green 100%)<br>size = how often drafted · hover: the rank path<br>"
           "the auto tree keeps the nodes that pay for their cost")
@@ -37,33 +37,31 @@ def acceptance_counts(steps: list[Step]) -> dict[tuple[int, ...], list[int]]:
 
 
 def acceptance_figure(steps: list[Step], upto: int) -> go.Figure:
-    fig = blank_figure("", "acceptance")
     counts = acceptance_counts(steps[:upto])
     ptd = bool(steps) and steps[0].method == "ptd"
-    titled(fig, f"Acceptance map, steps 1–{upto}:<br>how often each node was accepted",
-           PTD_LEGEND if ptd else LEGEND)
+    layout = panel_layout(f"Acceptance map, steps 1–{upto}:<br>how often each node was accepted",
+                          PTD_LEGEND if ptd else LEGEND, "acceptance")
     if not counts:
-        fig.add_annotation(text="No tree steps yet (greedy and prompt lookup draft no matrix tree)",
-                           showarrow=False, font_size=13)
-        return fig
+        return go.Figure(layout=dict(layout, annotations=[
+            note("No tree steps yet (greedy and prompt lookup draft no matrix tree)", 13)]))
     paths = [()] + sorted(counts, key=lambda p: (len(p), p))
     index = {p: i for i, p in enumerate(paths)}
     parents = [-1] + [index.get(p[:-1], 0) for p in paths[1:]]
     depths = [len(p) for p in paths]
     pos = tree_layout(parents, depths)
-    fig.add_trace(edge_trace([(pos[parents[i]], pos[i]) for i in range(1, len(paths))], "#dde1e6", 1))
     most = max(c[0] for c in counts.values())
     rates = [1.0] + [counts[p][1] / counts[p][0] for p in paths[1:]]
-    fig.add_trace(go.Scatter(
+    nodes = go.Scatter(
         x=[pos[i][0] for i in range(len(paths))], y=[pos[i][1] for i in range(len(paths))], mode="markers+text",
         text=["root"] + [f"{r:.0%}" if r >= 0.2 else "" for r in rates[1:]], textposition="bottom center",
         textfont=dict(size=9),
         marker=dict(size=[18] + [8 + 12 * counts[p][0] / most for p in paths[1:]], color=rates,
                     colorscale=[[0, "#ffffff"], [1, "#2e9d4f"]], cmin=0, cmax=1, line=dict(width=1, color="#7f8c9a")),
         hovertext=["root"] + [f"rank path {list(p)}: accepted {counts[p][1]} of {counts[p][0]} times ({rates[i + 1]:.0%})"
-                              for i, p in enumerate(paths[1:])], hoverinfo="text"))
-    fig.update_yaxes(range=[-max(depths) - 0.8, 0.45])
-    return fig
+                              for i, p in enumerate(paths[1:])], hoverinfo="text")
+    layout["yaxis"] = dict(layout["yaxis"], range=[-max(depths) - 0.8, 0.45])
+    edges = edge_trace([(pos[parents[i]], pos[i]) for i in range(1, len(paths))], "#dde1e6", 1)
+    return go.Figure(data=[edges, nodes], layout=layout)
 
 
 def acceptance_words(steps: list[Step], upto: int) -> str:

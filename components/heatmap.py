@@ -6,7 +6,7 @@ import plotly.graph_objects as go
 from tr_core.trace import RowUpdate, Step
 
 from .tokens import visible
-from .tree_plot import HEIGHT, titled
+from .tree_plot import HEIGHT, heading, note, top_margin
 
 MAX_ROWS = 20
 ROW_PX = 26  # the tallest a row is drawn
@@ -36,20 +36,16 @@ EMPTY_START = "Each step writes the rows of every token<br>it ran through the mo
 def heatmap_figure(step: Step | None, token_text, frame: int = 0, picked: list[int] | None = None) -> go.Figure:
     """``frame`` 1-3 (Teach mode before recycling) shows the rows before the writes; ``picked``: row
     tokens to outline (the row a clicked node was drafted from and the row it wrote)."""
-    fig = go.Figure()
     before = frame in (1, 2, 3)
-    fig.update_layout(margin=dict(l=6, r=6, t=102, b=4), height=HEIGHT, plot_bgcolor="white")  # title, legend, ranks
-    if step is not None and step.method != "tr":  # no TR words under another method
-        titled(fig, "No matrix for this method", "The matrix M is Token Recycling's: shown when TR runs")
-    else:
-        titled(fig, "The matrix M: each token's k candidates", legend(frame))
     if step is None or not step.rows_written:
         words = {"greedy": "Greedy decoding keeps no matrix",
                  "ptd": "PTD keeps no matrix: its drafts are n-grams<br>from its tries (see the phase strip)"}
-        fig.add_annotation(text=words.get(step.method, "No rows written yet") if step else
-                           "No rows yet: press Step.<br>" + EMPTY_START, showarrow=False, font_size=13)
-        fig.update_layout(xaxis=dict(visible=False), yaxis=dict(visible=False))
-        return fig
+        title, key = (("No matrix for this method", "The matrix M is Token Recycling's: shown when TR runs")
+                      if step is not None and step.method != "tr" else  # no TR words under another method
+                      ("The matrix M: each token's k candidates", legend(frame)))
+        return go.Figure(layout=dict(matrix_layout(title, key), xaxis=dict(visible=False), yaxis=dict(visible=False),
+                                     annotations=[note(words.get(step.method, "No rows written yet") if step else
+                                                       "No rows yet: press Step.<br>" + EMPTY_START, 13)]))
     guessing = frame in (1, 2)  # Teach mode before the verdict: nothing may tell which path is accepted
     rows = _ordered_rows(step, picked or [], by_path=not guessing)
     shown = rows[:MAX_ROWS]
@@ -62,29 +58,34 @@ def heatmap_figure(step: Step | None, token_text, frame: int = 0, picked: list[i
         hover.append(hr)
         ylabels.append(f"{'▶ ' if r.token in path_tokens else ''}{visible(token_text(r.token), 12)} ·{r.token}")
     k = len(shown[0].new)
-    fig.add_trace(go.Heatmap(z=z, x=[f"#{j}" for j in range(k)], y=list(range(len(shown))), text=text,
-                             texttemplate="%{text}", textfont=dict(size=10), hovertext=hover, hoverinfo="text",
-                             zmin=0, zmax=3, colorscale=SCALE, showscale=False, xgap=1, ygap=1))
-    for n, r in enumerate(shown):
-        if r.token in (picked or []):
-            fig.add_shape(type="rect", x0=-0.5, x1=k - 0.5, y0=n - 0.5, y1=n + 0.5, line=dict(color="#d0455b", width=3))
+    cells = go.Heatmap(z=z, x=[f"#{j}" for j in range(k)], y=list(range(len(shown))), text=text,
+                       texttemplate="%{text}", textfont=dict(size=10), hovertext=hover, hoverinfo="text",
+                       zmin=0, zmax=3, colorscale=SCALE, showscale=False, xgap=1, ygap=1)
+    outlines = [dict(type="rect", x0=-0.5, x1=k - 0.5, y0=n - 0.5, y1=n + 0.5, line=dict(color="#d0455b", width=3))
+                for n, r in enumerate(shown) if r.token in (picked or [])]
     more = f" (+{len(rows) - len(shown)} more)" if len(rows) > len(shown) else ""
     blank = sum(1 for r in step.rows_written if not any(r.old))
-    note = f" · {blank} {'was' if blank == 1 else 'were'} empty" if blank else ""
+    empties = f" · {blank} {'was' if blank == 1 else 'were'} empty" if blank else ""
     # Teach mode before recycling (frames 1-3): the rows as the drafts read them, nothing of the writes to come
     title = (f"The matrix M: the {len(rows)} row{'s' * (len(rows) != 1)} of this step's tree{more}" if before else
-             f"The matrix M: {len(rows)} row{'s' * (len(rows) != 1)} written{more or ' this step'}{note}")
-    titled(fig, title, legend(frame))
-    fig.update_layout(yaxis=dict(tickmode="array", tickvals=list(range(len(shown))), ticktext=ylabels,
-                                 range=[rows_tall(fig, len(shown)) - 0.5, -0.5], tickfont=dict(size=10)),
-                      xaxis=dict(side="top", title=None))
-    return fig
+             f"The matrix M: {len(rows)} row{'s' * (len(rows) != 1)} written{more or ' this step'}{empties}")
+    layout = matrix_layout(title, legend(frame))
+    layout.update(shapes=outlines, xaxis=dict(side="top"),
+                  yaxis=dict(tickmode="array", tickvals=list(range(len(shown))), ticktext=ylabels,
+                             range=[rows_tall(layout, len(shown)) - 0.5, -0.5], tickfont=dict(size=10)))
+    return go.Figure(data=[cells], layout=layout)
 
 
-def rows_tall(fig: go.Figure, rows: int) -> float:
+def matrix_layout(title: str, key: str) -> dict:
+    """The matrix panel's layout: its ``heading`` over the legend ``key``, room above for the ranks."""
+    return dict(margin=dict(l=6, r=6, t=top_margin(title, key, 102), b=4), height=HEIGHT, plot_bgcolor="white",
+                title=heading(title, key))
+
+
+def rows_tall(layout: dict, rows: int) -> float:
     """How many rows the y axis spans: ``rows``, or more when fewer would draw a row taller than ``ROW_PX``
     (a step with one row or a few draws them at a row's height, from the top)."""
-    return max(rows, (fig.layout.height - fig.layout.margin.t - fig.layout.margin.b) / ROW_PX)
+    return max(rows, (layout["height"] - layout["margin"]["t"] - layout["margin"]["b"]) / ROW_PX)
 
 
 def _ordered_rows(step: Step, picked: list[int], by_path: bool = True) -> list[RowUpdate]:

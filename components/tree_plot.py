@@ -44,13 +44,28 @@ def _preorder(children: list[list[int]]) -> list[int]:
     return out
 
 
-def blank_figure(title: str, uirevision: str) -> go.Figure:
-    """An empty tree panel: no axes, the title top left; ``uirevision`` keeps zoom across steps."""
-    fig = go.Figure()
-    fig.update_layout(uirevision=uirevision, margin=dict(l=6, r=6, t=58, b=4), height=TREE_HEIGHT,
-                      plot_bgcolor="white", showlegend=False, title=dict(text=title, x=0.01, font_size=14),
-                      xaxis=dict(visible=False), yaxis=dict(visible=False))
-    return fig
+def panel_layout(title: str, legend: str, uirevision: str, height: int = TREE_HEIGHT) -> dict:
+    """A tree panel's whole layout, given to ``go.Figure`` at once (each later ``update_layout`` costs about
+    as much as the whole figure): no axes, the ``heading``; ``uirevision`` keeps zoom across steps."""
+    return dict(uirevision=uirevision, height=height, plot_bgcolor="white", showlegend=False,
+                margin=dict(l=6, r=6, t=top_margin(title, legend, 58), b=4), title=heading(title, legend),
+                xaxis=dict(visible=False), yaxis=dict(visible=False))
+
+
+def heading(title: str, legend: str) -> dict:
+    """A title over legend lines, each short enough for a phone's width."""
+    return dict(text=f"{title}<br><span style='font-size:11px;color:#555'>{legend}</span>", x=0.01, y=0.97,
+                yanchor="top", font_size=13)
+
+
+def top_margin(title: str, legend: str, least: int) -> int:
+    """The top margin that holds the ``heading`` (Plotly's lines: about 17 px), at least ``least``."""
+    return max(least, 12 + 17 * (title.count("<br>") + legend.count("<br>") + 2))
+
+
+def note(text: str, size: int) -> dict:
+    """A line of words in the middle of an empty panel (a layout annotation)."""
+    return dict(text=text, showarrow=False, font_size=size)
 
 
 def edge_trace(edges, color: str, width: float, dash: str | None = None) -> go.Scatter:
@@ -77,14 +92,6 @@ FRAME_LEGEND = {1: "Phase 1, retrieve: the drafts, read row by row from M<br>"
 DRAFT = "#6c8ebf"
 EMPTY_COLOR = "#444"  # a draft from a row never written (∅: the paper's full shape keeps them)
 CROWDED = 14  # rows with more nodes than this label only their accepted nodes (hover shows all)
-
-
-def titled(fig: go.Figure, title: str, legend: str) -> None:
-    """A title over legend lines (each short enough for a phone's width); the top margin grows to hold them."""
-    fig.update_layout(title=dict(text=f"{title}<br><span style='font-size:11px;color:#555'>{legend}</span>",
-                                 x=0.01, y=0.97, yanchor="top", font_size=13))
-    lines = title.count("<br>") + legend.count("<br>") + 2
-    fig.update_layout(margin=dict(t=max(fig.layout.margin.t or 0, 12 + 17 * lines)))  # Plotly's lines: ~17 px
 
 
 def node_kind(i: int, accepted: set[int], frame: int, sources: list[str], matches: list[bool]) -> str:
@@ -120,35 +127,32 @@ def tree_legend(step: Step | None, frame: int) -> str:
 def tree_figure(step: Step | None, token_text, title: str = "", frame: int = 0, picked: int | None = None):
     """``token_text(id) -> str``.  ``frame``: 0 the whole step, 1-4 Teach mode's retrieve, verify,
     accept, recycle.  ``picked``: a node to ring (clicked).  Each node carries its index as customdata."""
-    fig = blank_figure("", "tree")
-    titled(fig, title or "Draft tree", tree_legend(step, frame))
+    layout = panel_layout(title or "Draft tree", tree_legend(step, frame), "tree")
     if step is None:
-        fig.add_annotation(text="Enter a prompt and press Step", showarrow=False, font_size=16)
-        return fig
+        return go.Figure(layout=dict(layout, annotations=[note("Enter a prompt and press Step", 16)]))
     show_path = frame in (0, 3, 4)  # Teach mode's frames 1-2 tell nothing of the verdict, not even by a gap
     pos, star, spots = _positions(step, show_path and bool(step.committed))
     sources = step.tree.sources or ["root"] + ["matrix"] * step.tree.size
     kinds = _kinds(step, frame, sources)
     marks, order, prefer, must = _marks(step, token_text, pos, kinds, sources, star, spots)
-    sides = place_labels(marks, order, framed(fig, marks), prefer, must)
-    _edges(fig, step, pos, show_path)
-    _blank_leaves(fig, step, token_text, pos, spots)
-    _node_trace(fig, step, token_text, marks, kinds, sources, picked, frame, sides)
+    sides = place_labels(marks, order, framed(layout, marks), prefer, must)
+    traces = (_edges(step, pos, show_path) + _blank_leaves(step, token_text, pos, spots)
+              + _node_traces(step, token_text, marks, kinds, sources, picked, frame, sides))
     if show_path and star is not None:
-        _bonus_trace(fig, step, token_text, pos[step.accepted_path[-1]], star, sides.get(len(pos)))
+        traces += _bonus_traces(step, token_text, pos[step.accepted_path[-1]], star, sides.get(len(pos)))
     if step.sampled and show_path and len(step.accepted_path) > 1:  # the draw at each level, on the path it chose
-        fig.add_trace(go.Scatter(x=[pos[i][0] for i in step.accepted_path[1:]],
+        traces.append(go.Scatter(x=[pos[i][0] for i in step.accepted_path[1:]],
                                  y=[pos[i][1] for i in step.accepted_path[1:]], mode="markers", hoverinfo="skip",
                                  marker=dict(size=26, symbol="circle-open", color=COLORS["bonus"], line_width=2)))
-    return fig
+    return go.Figure(data=traces, layout=layout)
 
 
-def framed(fig: go.Figure, marks: list[Mark]) -> Frame:
-    """The axes' ranges: room around the nodes for their labels (``tree_labels.frame_for``), in the plot
-    area's height (the figure's less its margins)."""
-    box = frame_for(marks, fig.layout.height - fig.layout.margin.t - fig.layout.margin.b)
-    fig.update_xaxes(range=[box.x0, box.x1])
-    fig.update_yaxes(range=[box.y0, box.y1])
+def framed(layout: dict, marks: list[Mark]) -> Frame:
+    """Set the axes' ranges in ``layout``: room around the nodes for their labels (``tree_labels.frame_for``),
+    in the plot area's height (the figure's less its margins)."""
+    box = frame_for(marks, layout["height"] - layout["margin"]["t"] - layout["margin"]["b"])
+    layout["xaxis"] = dict(layout["xaxis"], range=[box.x0, box.x1])
+    layout["yaxis"] = dict(layout["yaxis"], range=[box.y0, box.y1])
     return box
 
 
@@ -229,50 +233,51 @@ def _sides(marks: list[Mark], parents: list[int], per_row: dict, rows: list[int]
     return prefer
 
 
-def _edges(fig: go.Figure, step: Step, pos: dict, show_path: bool) -> None:
+def _edges(step: Step, pos: dict, show_path: bool) -> list[go.Scatter]:
     """Grey edges, and the accepted path's in green once it is known."""
     parents, path = step.tree.parents, step.accepted_path
     shown = set(path) if show_path else set()
-    fig.add_trace(edge_trace([(pos[p], pos[i]) for i, p in enumerate(parents) if p >= 0 and i not in shown],
-                             "#dde1e6", 1))
-    if show_path:
-        fig.add_trace(edge_trace([(pos[a], pos[b]) for a, b in zip(path, path[1:])], COLORS["accepted"], 4))
+    grey = edge_trace([(pos[p], pos[i]) for i, p in enumerate(parents) if p >= 0 and i not in shown], "#dde1e6", 1)
+    if not show_path:
+        return [grey]
+    return [grey, edge_trace([(pos[a], pos[b]) for a, b in zip(path, path[1:])], COLORS["accepted"], 4)]
 
 
-def _blank_leaves(fig: go.Figure, step: Step, token_text, pos: dict, spot: dict) -> None:
+def _blank_leaves(step: Step, token_text, pos: dict, spot: dict) -> list[go.Scatter]:
     """One hollow ∅ leaf, on a dotted edge, under each node whose children were left out (its row was still
     empty, ``Step.blank_under``): the places the tree shape had there, sent to no forward."""
     under = list(spot)
     if not under:
-        return
-    fig.add_trace(edge_trace([(pos[i], spot[i]) for i in under], EMPTY_COLOR, 1, "dot"))
-    fig.add_trace(go.Scatter(
+        return []
+    return [edge_trace([(pos[i], spot[i]) for i in under], EMPTY_COLOR, 1, "dot"), go.Scatter(
         name="left out", x=[spot[i][0] for i in under], y=[spot[i][1] for i in under], mode="markers+text",
         text=["∅"] * len(under), textposition="middle center", textfont=dict(size=10, color=EMPTY_COLOR),
         marker=dict(size=17, symbol="circle-open", color=EMPTY_COLOR, line_width=1.5), cliponaxis=False,
         hovertext=[f"<b>∅ left out</b> under {visible(token_text(step.tree.tokens[i]), 30)}<br>the matrix had no "
                    "candidates after this token yet (its row is still empty, never written),<br>so nothing was "
                    "drafted below it: the tree's places there are left out of the forward pass"
-                   for i in under], hoverinfo="text"))
+                   for i in under], hoverinfo="text")]
 
 
-def _node_trace(fig, step: Step, token_text, marks: list[Mark], kinds, sources, picked, frame: int,
-                sides: dict) -> None:
-    """The tree's nodes, dim ones first (drawn under the others); a label where ``sides`` places it."""
+def _node_traces(step: Step, token_text, marks: list[Mark], kinds, sources, picked, frame: int,
+                 sides: dict) -> list[go.Scatter]:
+    """The tree's nodes, dim ones first (drawn under the others); a label where ``sides`` places it; a ring
+    round the ``picked`` one."""
     order = sorted(range(len(kinds)), key=lambda j: kinds[j] in ("accepted", "root", "match"))
     styles = [_style(kinds[j], sources[j]) for j in order]
     faded = [kinds[j] in ("rejected", "miss", "moot") for j in order]
-    fig.add_trace(go.Scatter(
+    traces = [go.Scatter(
         x=[marks[j].x for j in order], y=[marks[j].y for j in order], mode="markers+text", customdata=order,
         text=[marks[j].text if j in sides else "" for j in order],
         textposition=[sides.get(j, "bottom center") for j in order],
         textfont=dict(size=[marks[j].font for j in order], color=["#9aa1a9" if f else "#222" for f in faded]),
         marker=dict(size=[s[1] for s in styles], color=[s[0] for s in styles], symbol=[s[2] for s in styles],
                     line=dict(width=1.5, color=[s[0] for s in styles]), opacity=[0.6 if f else 1.0 for f in faded]),
-        hovertext=[_hover(step, j, token_text, sources, frame) for j in order], hoverinfo="text"))
+        hovertext=[_hover(step, j, token_text, sources, frame) for j in order], hoverinfo="text")]
     if picked is not None and 0 <= picked < len(kinds):
-        fig.add_trace(go.Scatter(x=[marks[picked].x], y=[marks[picked].y], mode="markers", hoverinfo="skip",
+        traces.append(go.Scatter(x=[marks[picked].x], y=[marks[picked].y], mode="markers", hoverinfo="skip",
                                  marker=dict(size=30, symbol="circle-open", color="#d0455b", line_width=3)))
+    return traces
 
 
 WHERE = {"empty": "an empty matrix row (never written: a blank draft)",
@@ -301,18 +306,17 @@ def _hover(step: Step, i: int, token_text, sources, frame: int = 0) -> str:
             "<br>click: show its matrix rows")
 
 
-def _bonus_trace(fig, step: Step, token_text, end: tuple, star: tuple, side: str | None) -> None:
+def _bonus_traces(step: Step, token_text, end: tuple, star: tuple, side: str | None) -> list[go.Scatter]:
     """The ★ of the model's own token, on a dotted edge from the accepted path's end ``end``; its label at
     ``side`` (none when no side was clear)."""
-    fig.add_trace(edge_trace([(end, star)], COLORS["bonus"], 3, "dot"))
     bonus = step.model_choices[step.accepted_path[-1]]
-    fig.add_trace(go.Scatter(
+    return [edge_trace([(end, star)], COLORS["bonus"], 3, "dot"), go.Scatter(
         name="model's own", x=[star[0]], y=[star[1]], mode="markers+text", cliponaxis=False,
         text=[visible(token_text(bonus), 10) if side else ""], textposition=side or "bottom center",
         textfont=dict(size=11, color="#6b4e00"), marker=dict(size=18, symbol="star", color=COLORS["bonus"]),
         hovertext=[f"<b>★ the model's own token</b> {visible(token_text(bonus), 30)} (id {bonus})<br>the model's own next "
                    f"token after the accepted path" + (" (sampled; no child matched it)" if step.sampled else "")],
-        hoverinfo="text"))
+        hoverinfo="text")]
 
 
 DRAFT_LEGEND = ("<span style='color:#1f4e99'>●</span> root · <span style='color:#7f8c9a'>●</span> kept from earlier "
@@ -323,29 +327,27 @@ FATE_COLORS = {"root": "#1f4e99", "kept": "#7f8c9a", "new": "#2e9d4f", "pruned":
 
 def draft_figure(step: Step | None, token_text, title: str = "") -> go.Figure:
     """PTD's evolving draft tree after a step: kept nodes grey, new children green, pruned ones red."""
-    fig = blank_figure("", "draft")
-    titled(fig, title or "PTD's draft tree", DRAFT_LEGEND)
+    layout = panel_layout(title or "PTD's draft tree", DRAFT_LEGEND, "draft")
     d = step.draft_tree if step is not None else None
     if d is None or len(d.tokens) < 2:
-        fig.add_annotation(text="Choose the PTD method to see its evolving draft tree" if d is None
-                           else "The draft tree is empty", showarrow=False, font_size=14)
-        return fig
+        return go.Figure(layout=dict(layout, annotations=[note(
+            "Choose the PTD method to see its evolving draft tree" if d is None else "The draft tree is empty", 14)]))
     pos = tree_layout(list(d.parents), list(d.depths))
     fates = list(d.sources)
     marks = [Mark(*pos[i], 20 if f == "root" else 13, visible(token_text(t), 10)) for i, (t, f) in
              enumerate(zip(d.tokens, fates))]
     order = sorted(range(len(marks)), key=lambda i: (-marks[i].y, marks[i].x))  # row by row
-    sides = place_labels(marks, order, framed(fig, marks), {})
-    fig.add_trace(edge_trace([(pos[p], pos[i]) for i, p in enumerate(d.parents) if p >= 0], "#dde1e6", 1))
+    sides = place_labels(marks, order, framed(layout, marks), {})
     words = {"root": "the step's root: first-level branches sit at its position",
              "kept": "kept from earlier steps", "new": "the model's argmax, attached this step",
              "pruned": "pruned this step (depth stepping or the root window)"}
-    fig.add_trace(go.Scatter(
+    nodes = go.Scatter(
         x=[pos[i][0] for i in range(len(d.tokens))], y=[pos[i][1] for i in range(len(d.tokens))],
         mode="markers+text", text=[m.text if i in sides else "" for i, m in enumerate(marks)], textfont_size=11,
         textposition=[sides.get(i, "bottom center") for i in range(len(marks))],
         marker=dict(size=[20 if f == "root" else 13 for f in fates], color=[FATE_COLORS[f] for f in fates],
                     symbol=["x" if f == "pruned" else "circle" for f in fates], line=dict(width=1, color="white")),
         hovertext=[f"<b>{visible(token_text(t), 30)}</b> (id {t}), depth {dep}<br>{words[f]}"
-                   for t, dep, f in zip(d.tokens, d.depths, fates)], hoverinfo="text"))
-    return fig
+                   for t, dep, f in zip(d.tokens, d.depths, fates)], hoverinfo="text")
+    edges = edge_trace([(pos[p], pos[i]) for i, p in enumerate(d.parents) if p >= 0], "#dde1e6", 1)
+    return go.Figure(data=[edges, nodes], layout=layout)
