@@ -105,6 +105,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def local_client(url: str):
+    """A ``gradio_client.Client`` of an app on this machine (plain HTTP on the loopback).  It loads no
+    certificate bundle: with one, each call spends about 90 ms of this machine's CPU building TLS
+    contexts it never uses, time a test of the server's own work would count against the server."""
+    from gradio_client import Client
+
+    return Client(url, verbose=False, ssl_verify=False)
+
+
 @pytest.fixture(scope="session")
 def hub(embedded_lm):
     """The app's model hub, holding the embedded model (loaded once for the whole run)."""

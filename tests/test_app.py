@@ -9,7 +9,7 @@ from components.session import Session, Settings, UserError
 from tr_core import AdjacencyMatrix
 from tr_core.models import EMBEDDED_LABEL
 
-from .conftest import free_port
+from .conftest import free_port, local_client
 
 PROMPT = "List three colours of the rainbow."
 
@@ -167,9 +167,8 @@ def test_matrix_save_load_and_foreign_file(hub, embedded_lm, tmp_path):
 
 
 def test_launched_app_through_gradio_client(launched):
-    from gradio_client import Client
 
-    client = Client(launched[1], verbose=False)
+    client = local_client(launched[1])
     args = (PROMPT, EMBEDDED_LABEL, "tr-16", 8, 16, True, True, "Token Recycling (TR)")
     first = client.predict(*args, api_name="/do_step")
     second = client.predict(*args, api_name="/do_step")
@@ -181,9 +180,8 @@ def test_launched_app_through_gradio_client(launched):
 
 
 def test_run_to_end_through_gradio_client(launched):
-    from gradio_client import Client
 
-    client = Client(launched[1], verbose=False)
+    client = local_client(launched[1])
     final = client.predict("Name a fruit.", EMBEDDED_LABEL, "auto", 8, 10, True, True, "Token Recycling (TR)",
                            api_name="/do_run")
     assert "Done" in final[-1]
@@ -237,8 +235,6 @@ class _OutOfMemoryModel(torch.nn.Module):
 def test_out_of_memory_is_a_message_and_the_session_is_reset(embedded_lm):
     import dataclasses
 
-    from gradio_client import Client
-
     from app import build_app, serve
 
     lm = dataclasses.replace(embedded_lm, model=_OutOfMemoryModel(embedded_lm.model))
@@ -246,7 +242,7 @@ def test_out_of_memory_is_a_message_and_the_session_is_reset(embedded_lm):
     port = free_port()
     serve(demo, "127.0.0.1", port, prevent_thread_lock=True, quiet=True)
     try:
-        out = Client(f"http://127.0.0.1:{port}/", verbose=False).predict(
+        out = local_client(f"http://127.0.0.1:{port}/").predict(
             PROMPT, EMBEDDED_LABEL, "tr-16", 8, 16, True, True, "Token Recycling (TR)", api_name="/do_step")
         assert "ran out of memory" in out[-1] and "reset" in out[-1]
         assert "Counters appear after the first step" in out[4]  # the session was reset
@@ -259,8 +255,6 @@ def test_busy_server_queues_with_positions_and_refuses_beyond_the_queue_size(hub
     to the end) the next waits with its place in the queue (Gradio shows "queue: N/M" on the waiting
     panels); past the queue's size a visitor is told the queue is full instead of waiting forever."""
     import time
-
-    from gradio_client import Client
     from gradio_client.utils import QueueError, Status
 
     from app import build_app, serve
@@ -271,7 +265,7 @@ def test_busy_server_queues_with_positions_and_refuses_beyond_the_queue_size(hub
     url = f"http://127.0.0.1:{port}/"
     args = (PROMPT, EMBEDDED_LABEL, "tr-16", 8, 16, True, True, "Token Recycling (TR)")
     try:
-        clients = [Client(url, verbose=False) for _ in range(4)]
+        clients = [local_client(url) for _ in range(4)]
         running = clients[0].submit(*args[:4], 160, *args[5:], api_name="/do_run")
         deadline = time.time() + 60
         while running.status().code != Status.PROCESSING and time.time() < deadline:

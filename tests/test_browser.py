@@ -6,7 +6,7 @@ import os
 import re
 from pathlib import Path
 
-from .conftest import stop_cleanly
+from .conftest import local_client, stop_cleanly
 
 PROMPT = "List the days of the week, one per line, then list them again in reverse order."
 
@@ -81,8 +81,6 @@ def test_closed_tab_mid_run_frees_its_session_and_the_server_goes_on(browser, hu
     import threading
     import time
 
-    from gradio_client import Client
-
     from app import build_app, serve
 
     from .test_app import PROMPT as SHORT
@@ -109,7 +107,7 @@ def test_closed_tab_mid_run_frees_its_session_and_the_server_goes_on(browser, hu
         sess = freed[0]
         assert sess.closed and sess.live.race is None and sess.matrix_state.matrix is None
         t0 = time.time()
-        out = Client(f"http://127.0.0.1:{port}/", verbose=False).predict(
+        out = local_client(f"http://127.0.0.1:{port}/").predict(
             SHORT, "", "tr-16", 8, 8, True, True, "Token Recycling (TR)", api_name="/do_step")
         assert "speedup" in out[4] and time.time() - t0 < 120  # the server goes on serving others
     finally:

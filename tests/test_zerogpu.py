@@ -63,11 +63,11 @@ def test_the_app_under_a_forking_zerogpu_loads_once_and_steps_runs_and_compares(
     import dataclasses
     import os
 
-    from gradio_client import Client
-
     from app import build_app, serve, warm_or_say_handler
     from components.model_hub import ModelHub
     from components.recorded import Recorder, load_at_start_up
+
+    from .conftest import local_client
     from tr_core.cost import CostCurve
     from tr_core.models import EMBEDDED_LABEL
 
@@ -97,7 +97,7 @@ def test_the_app_under_a_forking_zerogpu_loads_once_and_steps_runs_and_compares(
     port = free_port()
     serve(demo, "127.0.0.1", port, prevent_thread_lock=True, quiet=True)
     try:
-        client = Client(f"http://127.0.0.1:{port}/", verbose=False)
+        client = local_client(f"http://127.0.0.1:{port}/")
         args = ("Name three fruits.", EMBEDDED_LABEL, "auto", 8, 24, True, True, "Token Recycling (TR)")
         outs = [client.predict(*args, api_name="/do_step") for _ in range(3)]
         assert all("speedup" in o[4] and "identical to greedy" in o[4] for o in outs)
