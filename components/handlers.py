@@ -8,6 +8,8 @@ passes them as ``inputs_kwargs``): ``sess``, ``prompt``, ``teach``, and the sett
 """
 from __future__ import annotations
 
+import functools
+import inspect
 import threading
 import time
 from contextlib import contextmanager
@@ -17,8 +19,8 @@ import gradio as gr
 import torch
 
 from tr_core.batching import Batcher
+from tr_core.devices import oom_message, release_device_memory, serial_torch_here
 from tr_core.model_thread import ModelThread
-from tr_core.devices import oom_message, release_device_memory
 from tr_core.models import ModelLoadError
 
 from .memory import release_freed_memory
@@ -55,15 +57,17 @@ class Handlers:
         ``spaces.GPU``): each run is decoded whole in one GPU call and stepped through here.
         ``one_thread``: the model's work (start-up, steps, Compare) runs on one thread
         (:mod:`tr_core.model_thread`), not on the thread of each event; off where tabs' steps run side by
-        side (their forwards shared)."""
+        side (their forwards shared): then only start-up, Compare and the shared forwards run there, and
+        each step's other torch work runs serially on its event's thread."""
         self.hub, self.cap, self.matrix_path, self.on_session_end = hub, cap, matrix_path, on_session_end
         self.record = record
         self.live: dict[str, Session] = {}
         self.ready = False  # a start-up (the page-load handler) has ended, in success or not
         self._no_start_up = threading.Event()  # set while no start-up runs (steps wait for one that does)
         self._no_start_up.set()
-        self.batcher = Batcher()  # every tab's steps that wait together run in one forward
-        self.model_thread = ModelThread(enabled=one_thread)
+        self.one_thread = one_thread
+        self.model_thread = ModelThread()
+        self.batcher = Batcher(run_on=self.model_thread.run)  # every tab's steps that wait together: one forward
         hub.on_evict.append(self.forget_model)
 
     @contextmanager
@@ -95,7 +99,7 @@ class Handlers:
         if sess is not None:
             return sess
         sess = Session.starting_from(self.matrix_path, str(SHIPPED_MATRIX))
-        sess.forwards = self.batcher.run
+        sess.batcher = self.batcher
         if request is not None and request.session_hash:
             self.live[request.session_hash] = sess
         return sess
@@ -494,9 +498,29 @@ def gpu_wrapped(handlers: Handlers) -> dict:
     """The handlers that run the model, under ``spaces.GPU`` where the ``spaces`` package is (as is
     elsewhere).  On ZeroGPU they run in the main process instead: only ``handlers.record``, one GPU
     call per run (``components.recorded``), touches the GPU."""
-    on = handlers.model_thread.wrap  # each on the model's own thread (tr_core.model_thread)
+    # each on the model's own thread (tr_core.model_thread); or, with tabs side by side, on its event's
+    # thread (torch serially there: its forwards go to the model thread)
+    on = handlers.model_thread.wrap if handlers.one_thread else serially
     named = {name: on(getattr(handlers, name))
              for name in ("step", "run", "tick", "next_frame", "run_start", "run_tick", "run_live")}
     if handlers.record is not None:
         return named
     return {name: (gpu_task(duration=120) if name == "run" else gpu_task)(fn) for name, fn in named.items()}
+
+
+def serially(fn):
+    """``fn`` (a handler, or a generator handler's every step) with its torch work serial on its thread."""
+    if inspect.isgeneratorfunction(fn):
+        @functools.wraps(fn)
+        def each(*args, **kwargs):
+            serial_torch_here()
+            for item in fn(*args, **kwargs):
+                yield item
+                serial_torch_here()  # a generator may resume on another thread of the pool
+        return each
+
+    @functools.wraps(fn)
+    def once(*args, **kwargs):
+        serial_torch_here()
+        return fn(*args, **kwargs)
+    return once

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Mapping
 
 from tr_core import AdjacencyMatrix, GreedyDecoder, MatrixFileError, TokenRecyclingDecoder
+from tr_core.batching import Batcher
 from tr_core.decoders import DecodeError, ProgressiveTreeDecoder
 from tr_core.decoders.recycling import DEFAULT_LOOKUP
 from tr_core.models import LoadedModel, ModelLoadError
@@ -409,7 +410,7 @@ class Session:
     notice: str = ""  # said once with the next status message
     run_folder: str | None = None  # where its run file is written for download
     closed: bool = False  # freed when its tab closed or its state expired
-    forwards: object = field(default=None, repr=False)  # the server's Batcher.run: forwards shared with other tabs
+    batcher: Batcher | None = field(default=None, repr=False)  # the server's: forwards shared with other tabs
 
     @classmethod
     def starting_from(cls, start_file: str | None = None, warm_file: str | None = None) -> Session:
@@ -456,7 +457,9 @@ class Session:
             planner = self.matrix_state.planner_for(lm, k, s.hot_start) if s.tree == "auto" else None
             decoder = TokenRecyclingDecoder(lm, tree=s.tree, k=k, matrix=matrix, planner=planner,
                                             max_new_tokens=tokens, lookup=int(s.lookup), sampling=sampling)
-        return Race(decoder, GreedyDecoder(lm, tokens, sampling=sampling), forwards=self.forwards)
+        shared = self.batcher
+        return Race(decoder, GreedyDecoder(lm, tokens, sampling=sampling), forwards=shared and shared.run,
+                    idle=shared and shared.idle_seconds)
 
     def needs_new_race(self, prompt: str, s: Settings) -> bool:
         race = self.live.race

@@ -112,10 +112,11 @@ def test_threads_stepping_races_share_forwards_and_keep_their_outputs():
 def test_a_lone_caller_runs_at_once_and_a_failed_forward_reaches_its_callers_only():
     lm = random_lm(family_configs()["llama"])
     batcher = Batcher()
+    assert batcher.idle_seconds() == float("inf")  # no forward yet: a race wakes an idle CPU first
     dec = GreedyDecoder(lm, 8)
     dec.start([5, 6, 7])
     dec.step(batcher.run)
-    assert list(batcher.sizes) == [1]
+    assert list(batcher.sizes) == [1] and 0 <= batcher.idle_seconds() < 5
     bad = GreedyDecoder(lm, 8)
     bad.start([5, 6, 7])
     request = bad.prepare_step()

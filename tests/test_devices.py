@@ -236,9 +236,13 @@ def test_the_race_wakes_the_cpu_before_it_times_the_method_and_not_a_gpu(monkeyp
     assert time.perf_counter() - t0 >= 0.02
     t0 = time.perf_counter()
     wake(torch.device("meta"), 5.0)  # not a CPU: nothing to wake here
+    wake(torch.device("cpu"), 5.0, idle=0.01)  # the model ran just now (other tabs' forwards): not idle
     assert time.perf_counter() - t0 < 1.0
+    t0 = time.perf_counter()
+    wake(torch.device("cpu"), 0.02, idle=2.0)  # idle for seconds: woken
+    assert time.perf_counter() - t0 >= 0.02
     events = []
-    monkeypatch.setattr(race_mod, "wake", lambda device: events.append(("wake", device.type)))
+    monkeypatch.setattr(race_mod, "wake", lambda device, idle=None: events.append(("wake", device.type)))
     real = race_mod.timed_step
     monkeypatch.setattr(race_mod, "timed_step", lambda dec, fw=None: (events.append(("step", type(dec).__name__)), real(dec, fw))[1])
     race = race_mod.Race(TokenRecyclingDecoder(tiny_lm, tree="tr-16", max_new_tokens=8), GreedyDecoder(tiny_lm, 8))

@@ -13,7 +13,7 @@ from components.model_hub import ModelHub
 from components.session import SETTINGS_FIELDS, SHIPPED_MATRIX, Session, Settings
 from tr_core.models import EMBEDDED_LABEL
 
-from .conftest import free_port
+from .conftest import free_port, local_client
 
 pytestmark = pytest.mark.slow
 
@@ -62,24 +62,23 @@ def alone(hub, i: int) -> str:
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads memory from /proc")
 def test_concurrent_sessions_are_isolated_and_memory_is_stable(embedded_lm):
-    """Two rounds of SESSIONS concurrent visitors; between them every visitor leaves (its client
-    closes, as a tab does) and the unload event frees its session.  Each session's text equals what
-    it shows alone; memory grows while sessions live and does not keep growing round after round."""
+    """Two rounds of SESSIONS concurrent visitors, a class on a server whose tabs step side by side (their
+    forwards shared, on the model thread); between rounds every visitor leaves (its client closes, as a
+    tab does) and the unload event frees its session.  Each session's text equals what it shows alone;
+    memory grows while sessions live and does not keep growing round after round."""
     import time
-
-    from gradio_client import Client
 
     from app import build_app, serve
 
     hub = ModelHub(loaded={"embedded": embedded_lm})
     freed: list = []
-    demo = build_app(hub, on_session_end=freed.append)
+    demo = build_app(hub, on_session_end=freed.append, batch_tabs=SESSIONS)  # a class: steps side by side
     port = free_port()
     serve(demo, "127.0.0.1", port, prevent_thread_lock=True, quiet=True)
     url = f"http://127.0.0.1:{port}/"
 
     def one_round() -> tuple[dict, list, float]:
-        texts, errors, clients = {}, [], [Client(url, verbose=False) for _ in range(SESSIONS)]
+        texts, errors, clients = {}, [], [local_client(url) for _ in range(SESSIONS)]
 
         def user(i: int) -> None:
             try:
@@ -110,7 +109,7 @@ def test_concurrent_sessions_are_isolated_and_memory_is_stable(embedded_lm):
                 time.sleep(0.1)
             assert len(freed) == count, f"{len(freed)} of {count} sessions freed"
 
-        warm = Client(url, verbose=False)
+        warm = local_client(url)
         warm.predict(*args_for(0), api_name="/do_step")
         warm.close()
         wait_freed(1)
@@ -152,14 +151,15 @@ def measure_class(tabs: list[int], presses: int, batch_tabs: int) -> list[dict]:
     page's defaults: TR, auto tree, 64 new tokens); the server's steps per second and each press's wait."""
     import statistics
     import time
-
-    from gradio_client import Client
+    from concurrent.futures import ThreadPoolExecutor
 
     from app import build_app, serve
     from components.model_hub import ModelHub
     from tr_core.models import load_model
 
-    hub = ModelHub(loaded={"embedded": load_model()})
+    with ThreadPoolExecutor(1) as pool:  # loaded as the app loads it, off the main thread (that thread then ends):
+        lm = pool.submit(load_model).result()  # the server's model thread alone keeps torch workers (tr_core.model_thread)
+    hub = ModelHub(loaded={"embedded": lm})
     demo = build_app(hub, batch_tabs=batch_tabs)
     port = free_port()
     serve(demo, "127.0.0.1", port, queue_size=256, prevent_thread_lock=True, quiet=True)
@@ -167,10 +167,10 @@ def measure_class(tabs: list[int], presses: int, batch_tabs: int) -> list[dict]:
     page = (EMBEDDED_LABEL, "auto", 8, 64, True, True, "Token Recycling (TR)")
     rows = []
     try:
-        warm = Client(url, verbose=False)
+        warm = local_client(url)
         warm.predict(PROMPTS[0], *page, api_name="/do_step")
         for n in tabs:
-            clients = [Client(url, verbose=False) for _ in range(n)]
+            clients = [local_client(url) for _ in range(n)]
             waits: list[float] = []
 
             def user(i: int) -> None:

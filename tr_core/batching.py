@@ -155,13 +155,21 @@ class Batcher:
     on its clock as ``"queue"`` (a step's timing leaves them out: :func:`tr_core.race.timed_step`).
     """
 
-    def __init__(self, max_tokens: int = 2048):
-        self.max_tokens = max_tokens
+    def __init__(self, max_tokens: int = 2048, run_on=None):
+        """``run_on(fn, *args)``: where each forward runs (e.g. a ``ModelThread``'s ``run``: every forward on
+        one thread, whichever tab leads it); default the leading caller's thread."""
+        self.max_tokens, self.run_on = max_tokens, run_on
         self._lock = threading.Lock()
         self._queue: list[_Job] = []
         self._busy = False
         self._alone = threading.Lock()  # held by each forward, and by whoever needs the model alone
         self.sizes: deque[int] = deque(maxlen=SIZES_KEPT)  # requests per forward lately (tests, benchmarks)
+        self._ended = float("-inf")  # when the last forward ended
+
+    def idle_seconds(self) -> float:
+        """Seconds since the last forward ended (0 while one runs or waits): whether the machine idled."""
+        with self._lock:
+            return 0.0 if self._busy else time.perf_counter() - self._ended
 
     @contextmanager
     def exclusive(self):
@@ -202,7 +210,7 @@ class Batcher:
             self._forward(batch)
         with self._lock:
             after = self._queue[0] if self._queue else None
-            self._busy = after is not None
+            self._busy, self._ended = after is not None, time.perf_counter()
             if after is not None:
                 after.lead = True
         for job in batch:
@@ -218,7 +226,8 @@ class Batcher:
             for r in job.requests:
                 r.clock.add("queue", started - job.queued)
         try:
-            logits = run_forwards(batch[0].lm, requests)
+            logits = (self.run_on(run_forwards, batch[0].lm, requests) if self.run_on is not None
+                      else run_forwards(batch[0].lm, requests))
             for job in batch:
                 job.logits, logits = logits[:len(job.requests)], logits[len(job.requests):]
         except BaseException as err:  # out of memory, a device error: every tab in it hears of it

@@ -112,6 +112,7 @@ def synchronize(device: torch.device) -> None:
 
 
 WAKE_SECONDS = 0.03  # busy work before a timed step on a CPU that may have been idle
+WAKE_AFTER_IDLE = 0.1  # seconds without model work after which a CPU is slow to start again
 
 
 @lru_cache(maxsize=1)
@@ -119,20 +120,34 @@ def _wake_operands() -> tuple[torch.Tensor, torch.Tensor]:
     return torch.full((256, 256), 0.5), torch.full((256, 256), 0.25)  # no random generator: nothing to lock
 
 
-def wake(device: torch.device, seconds: float = WAKE_SECONDS) -> None:
-    """Keep every CPU thread busy for ``seconds`` before a timed step (nothing on a GPU).
+def wake(device: torch.device, seconds: float = WAKE_SECONDS, idle: float | None = None) -> None:
+    """Keep every CPU thread busy for ``seconds`` before a timed step (nothing on a GPU), unless the
+    caller knows the model ran within the last ``WAKE_AFTER_IDLE`` seconds (``idle``: seconds since its
+    last forward, e.g. other tabs' on a server; None: unknown).
 
     A CPU idle for a few hundred milliseconds (a page drawing its last step, a person pressing Step)
     runs its next forward slower: measured on the embedded model, the median 1-token forward after
     0.3-1 s idle took 15% longer and the slowest quarter over 50% longer, and 30 ms of busy work
     first took it back to the time of forwards run back to back.  That slowness belongs to the
     machine, not to the method being timed, and only the first step after the pause pays it."""
-    if device.type != "cpu":
+    if device.type != "cpu" or (idle is not None and idle < WAKE_AFTER_IDLE):
         return
     a, b = _wake_operands()
     end = time.perf_counter() + seconds
     while time.perf_counter() < end:
         torch.mm(a, b)
+
+
+def serial_torch_here() -> None:
+    """Torch work on the calling thread runs on it alone, with no OpenMP team of its own: for a server's
+    event threads while its forwards run on one model thread (:mod:`tr_core.model_thread`).  Each thread
+    that runs a parallel region keeps a team of OpenMP workers, and once the process has more workers
+    than cores, every team's workers sleep between regions: measured on 2 cores, a greedy step of the
+    embedded model took 34 ms while one thread ran torch and 59-67 ms once a second one had too.  (The
+    count is per thread; torch gives it to threads that first run torch later, hence a model thread
+    takes its own first.)"""
+    if torch.get_num_threads() > 1:
+        torch.set_num_threads(1)
 
 
 def free_memory(device: torch.device) -> int | None:

@@ -16,6 +16,8 @@ import inspect
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
+import torch
+
 
 class ModelThread:
     """Runs callables on one thread of its own, one at a time, in the order asked (``run``), or
@@ -24,7 +26,7 @@ class ModelThread:
     def __init__(self, enabled: bool = True, name: str = "model"):
         self.enabled = enabled
         self._pool = ThreadPoolExecutor(1, thread_name_prefix=name) if enabled else None
-        self._ident = self._pool.submit(threading.get_ident).result() if enabled else None
+        self._ident = self._pool.submit(_claim).result() if enabled else None
 
     def run(self, fn, /, *args, **kwargs):
         """``fn(*args, **kwargs)`` on the model thread (the caller's context variables with it, so that
@@ -53,3 +55,10 @@ class ModelThread:
         def once(*args, **kwargs):
             return self.run(fn, *args, **kwargs)
         return once
+
+
+def _claim() -> int:
+    """The model thread's id, its torch thread count fixed first: the process's, whatever event threads
+    set for themselves later (``tr_core.devices.serial_torch_here``)."""
+    torch.get_num_threads()
+    return threading.get_ident()

@@ -52,6 +52,7 @@ class Race:
     baseline: list[dict] = field(default_factory=list)  # greedy's tokens, forwards, seconds after each step
     divergence: Divergence | None = None  # where and why the outputs first parted (greedy decoding only)
     forwards: object = None  # runs each forward (None: alone; a Batcher's ``run``: with other tabs' steps)
+    idle: object = None  # () -> seconds since the model last ran (a Batcher's ``idle_seconds``; None: unknown)
     reading: dict = field(default_factory=dict)  # each side's seconds reading the prompt (in its first step's)
 
     def start(self, prompt_ids: list[int]) -> None:
@@ -70,7 +71,9 @@ class Race:
     def step(self) -> Step:
         self.restore_caches()
         gc.collect(1)  # what the caller left to collect (e.g. drawing the last step) is not this step's work
-        wake(self.decoder.lm.device)  # nor is waking a CPU that idled while the page drew: greedy's steps follow at once
+        # nor is waking a CPU that idled while the page drew (greedy's steps follow at once); where other tabs'
+        # forwards keep it busy, it has not idled
+        wake(self.decoder.lm.device, idle=self.idle() if self.idle is not None else None)
         step = timed_step(self.decoder, self.forwards)
         if len(self.decoder.steps) == 1:
             charge_reading(step, self.reading.get("method", 0.0))
