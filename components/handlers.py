@@ -95,7 +95,11 @@ class Handlers:
     # ---- sessions ---------------------------------------------------------------------------
     def session(self, sess: Session | None, request: gr.Request | None) -> Session:
         """The tab's session, made here on its first event, whichever that is (a Step, Teach mode, a
-        slider move): its own copy of the shipped matrix, or the server's file."""
+        slider move): its own copy of the shipped matrix, or the server's file.  Off the model thread,
+        the event's torch work runs serially (``serial_torch_here``): a thread of its own with a team of
+        OpenMP workers would slow every forward of the model thread."""
+        if not self.model_thread.here():
+            serial_torch_here()
         if sess is not None:
             return sess
         sess = Session.starting_from(self.matrix_path, str(SHIPPED_MATRIX))

@@ -68,3 +68,32 @@ def test_a_wrapped_handler_keeps_its_signature_and_a_generator_runs_each_step_th
 def test_switched_off_it_runs_in_the_callers_thread():
     mt = ModelThread(enabled=False)
     assert mt.run(threading.get_ident) == threading.get_ident()
+
+
+def test_event_threads_run_torch_serially_and_the_model_thread_keeps_its_workers():
+    """A class's event threads run their torch work on themselves alone; the model thread keeps the
+    thread count of whoever made it, even when made after an event thread went serial (torch hands
+    that count to threads that first run torch later); the main thread never goes serial."""
+    import torch
+
+    from components.handlers import serially
+    from tr_core.devices import serial_torch_here
+
+    main = torch.get_num_threads()
+    if main < 2:
+        pytest.skip("torch runs one thread here: nothing to tell apart")
+    seen = {}
+
+    @serially
+    def handler():
+        seen["event"] = torch.get_num_threads()
+        seen["model"] = ModelThread().run(torch.get_num_threads)  # made here, serial: it takes main's below
+
+    worker = threading.Thread(target=handler)
+    worker.start()
+    worker.join()
+    assert seen["event"] == 1
+    assert seen["model"] == 1  # made by a serial thread: its creator's count
+    assert ModelThread().run(torch.get_num_threads) == main  # made by the main thread after an event went serial
+    serial_torch_here()  # on the main thread: nothing
+    assert torch.get_num_threads() == main

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import os
 import platform
+import threading
 import time
 from dataclasses import dataclass
 from functools import lru_cache
@@ -145,8 +146,9 @@ def serial_torch_here() -> None:
     than cores, every team's workers sleep between regions: measured on 2 cores, a greedy step of the
     embedded model took 34 ms while one thread ran torch and 59-67 ms once a second one had too.  (The
     count is per thread; torch gives it to threads that first run torch later, hence a model thread
-    takes its own first.)"""
-    if torch.get_num_threads() > 1:
+    takes its own first.)  The main thread keeps its count: a script or a test that calls a handler
+    directly is no event thread."""
+    if threading.current_thread() is not threading.main_thread() and torch.get_num_threads() > 1:
         torch.set_num_threads(1)
 
 

@@ -26,12 +26,16 @@ class ModelThread:
     def __init__(self, enabled: bool = True, name: str = "model"):
         self.enabled = enabled
         self._pool = ThreadPoolExecutor(1, thread_name_prefix=name) if enabled else None
-        self._ident = self._pool.submit(_claim).result() if enabled else None
+        self._ident = self._pool.submit(_claim, torch.get_num_threads()).result() if enabled else None
+
+    def here(self) -> bool:
+        """Whether the caller runs on the model thread."""
+        return self.enabled and threading.get_ident() == self._ident
 
     def run(self, fn, /, *args, **kwargs):
         """``fn(*args, **kwargs)`` on the model thread (the caller's context variables with it, so that
         a web framework's per-event state reaches it); its result, or its exception."""
-        if not self.enabled or threading.get_ident() == self._ident:
+        if not self.enabled or self.here():
             return fn(*args, **kwargs)
         context = contextvars.copy_context()
         return self._pool.submit(context.run, fn, *args, **kwargs).result()
@@ -57,8 +61,9 @@ class ModelThread:
         return once
 
 
-def _claim() -> int:
-    """The model thread's id, its torch thread count fixed first: the process's, whatever event threads
-    set for themselves later (``tr_core.devices.serial_torch_here``)."""
-    torch.get_num_threads()
+def _claim(threads: int) -> int:
+    """The model thread's id, its torch thread count set first to its creator's (``threads``): whatever
+    event threads set for themselves (``tr_core.devices.serial_torch_here``), which torch also takes as
+    the count of threads that first run torch after them."""
+    torch.set_num_threads(threads)
     return threading.get_ident()
