@@ -304,7 +304,7 @@ def wire_compare(h: Handlers, ui: dict, cmp: dict, hub: ModelHub, cap: int, mode
         cmp["go"].click(compare, [ui["prompt"], s["model"], s["max_new"]], [cmp["plot"], cmp["table"]],
                         show_progress_on=[cmp["table"]], **model)
     else:
-        steps = CompareSteps(hub, cap, alone=h.batcher.exclusive)
+        steps = CompareSteps(hub, cap)  # each slice on the model thread, where every forward runs: none beside it
         running = [cmp["state"], cmp["plot"], cmp["table"], cmp["timer"], cmp["go"], cmp["cancel"]]
         cmp["go"].click(h.model_thread.wrap(steps.begin), [ui["prompt"], s["model"], s["max_new"]], running,
                         show_progress="hidden", **model)

@@ -2,8 +2,6 @@
 table of MAT, tok/s, speedup over greedy and whether each output is greedy's, token for token."""
 from __future__ import annotations
 
-from contextlib import nullcontext
-
 import html
 import time
 from dataclasses import dataclass, field
@@ -198,10 +196,8 @@ class CompareSteps:
     seconds of steps and redraws the progress, Cancel stops at the next tick.  The run lives in the
     tab's own ``gr.State``."""
 
-    def __init__(self, hub, cap: int, alone=None):
-        """``alone()``: a context in which no other tab's forward runs (``Batcher.exclusive``), so that
-        each slice's timings are its own."""
-        self.hub, self.cap, self.alone = hub, cap, alone or nullcontext
+    def __init__(self, hub, cap: int):
+        self.hub, self.cap = hub, cap
 
     def begin(self, prompt, model, max_new):
         import gradio as gr
@@ -226,8 +222,7 @@ class CompareSteps:
         if run is None or run.done:
             return (None, gr.skip(), gr.skip(), *self.controls(False))
         try:
-            with self.alone():
-                run.advance(COMPARE_SLICE)
+            run.advance(COMPARE_SLICE)
         except torch.OutOfMemoryError:
             lm = self.hub.get(None)
             return (None, gr.skip(), warning_html(oom_message(lm.name, lm.dtype, lm.device)), *self.controls(False))

@@ -457,9 +457,7 @@ class Session:
             planner = self.matrix_state.planner_for(lm, k, s.hot_start) if s.tree == "auto" else None
             decoder = TokenRecyclingDecoder(lm, tree=s.tree, k=k, matrix=matrix, planner=planner,
                                             max_new_tokens=tokens, lookup=int(s.lookup), sampling=sampling)
-        shared = self.batcher
-        return Race(decoder, GreedyDecoder(lm, tokens, sampling=sampling), forwards=shared and shared.run,
-                    idle=shared and shared.idle_seconds)
+        return Race(decoder, GreedyDecoder(lm, tokens, sampling=sampling), batcher=self.batcher)
 
     def needs_new_race(self, prompt: str, s: Settings) -> bool:
         race = self.live.race

@@ -88,7 +88,7 @@ def test_threads_stepping_races_share_forwards_and_keep_their_outputs():
             race.step()
     batcher = Batcher()
     gate = threading.Barrier(4)
-    races = [Race(TokenRecyclingDecoder(lm, max_new_tokens=40), GreedyDecoder(lm, 40), forwards=batcher.run)
+    races = [Race(TokenRecyclingDecoder(lm, max_new_tokens=40), GreedyDecoder(lm, 40), batcher=batcher)
              for _ in range(4)]
 
     def tab(race, ids):

@@ -25,7 +25,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack
 from dataclasses import dataclass
 
 import torch
@@ -162,7 +162,6 @@ class Batcher:
         self._lock = threading.Lock()
         self._queue: list[_Job] = []
         self._busy = False
-        self._alone = threading.Lock()  # held by each forward, and by whoever needs the model alone
         self.sizes: deque[int] = deque(maxlen=SIZES_KEPT)  # requests per forward lately (tests, benchmarks)
         self._ended = float("-inf")  # when the last forward ended
 
@@ -170,13 +169,6 @@ class Batcher:
         """Seconds since the last forward ended (0 while one runs or waits): whether the machine idled."""
         with self._lock:
             return 0.0 if self._busy else time.perf_counter() - self._ended
-
-    @contextmanager
-    def exclusive(self):
-        """No forward of this batcher runs while this is held: for work that must have the machine to
-        itself (a timed comparison, measuring the cost curve).  Steps asked for meanwhile queue."""
-        with self._alone:
-            yield
 
     def run(self, lm: LoadedModel, requests: list[ForwardRequest]) -> list[torch.Tensor]:
         """``run_forwards(lm, requests)``, in one forward with whatever else is waiting."""
@@ -205,9 +197,8 @@ class Batcher:
         return batch
 
     def _lead(self) -> None:
-        with self._alone:
-            batch = self._take()
-            self._forward(batch)
+        batch = self._take()
+        self._forward(batch)
         with self._lock:
             after = self._queue[0] if self._queue else None
             self._busy, self._ended = after is not None, time.perf_counter()

@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass, field
 
 from .decoders import Decoder, GreedyDecoder
-from .devices import synchronize, wake
+from .devices import WAKE_SECONDS, synchronize, wake
 from .precision import Divergence, explain_divergence
 from .trace import Step
 
@@ -51,34 +51,43 @@ class Race:
     speedups: list[float] = field(default_factory=list)  # cumulative speedup after each step
     baseline: list[dict] = field(default_factory=list)  # greedy's tokens, forwards, seconds after each step
     divergence: Divergence | None = None  # where and why the outputs first parted (greedy decoding only)
-    forwards: object = None  # runs each forward (None: alone; a Batcher's ``run``: with other tabs' steps)
-    idle: object = None  # () -> seconds since the model last ran (a Batcher's ``idle_seconds``; None: unknown)
+    batcher: object = None  # a ``tr_core.batching.Batcher`` shared with other tabs' races (None: alone)
     reading: dict = field(default_factory=dict)  # each side's seconds reading the prompt (in its first step's)
 
     def start(self, prompt_ids: list[int]) -> None:
         """Both sides read the prompt (their prefill, and the method's own start: the prompt's logits
         recycled into its matrix), each timed; each side's first step is charged its reading, so the race
         times whole generations, as the benchmark and Spec-Bench do."""
-        wake(self.decoder.lm.device)
-        self.reading = {"method": timed(self.decoder.start, prompt_ids, self.decoder.lm.device),
-                        "greedy": timed(self.greedy.start, prompt_ids, self.greedy.lm.device)}
+        self.reading = self.on_model(self._read, prompt_ids)
         self.speedups, self.baseline, self.divergence = [], [], None
+
+    def _read(self, prompt_ids: list[int]) -> dict:
+        wake(self.decoder.lm.device)
+        return {"method": timed(self.decoder.start, prompt_ids, self.decoder.lm.device),
+                "greedy": timed(self.greedy.start, prompt_ids, self.greedy.lm.device)}
+
+    def on_model(self, fn, *args):
+        """``fn(*args)`` where the batcher runs its forwards (a server's model thread), else here."""
+        run_on = getattr(self.batcher, "run_on", None)
+        return run_on(fn, *args) if run_on is not None else fn(*args)
 
     @property
     def done(self) -> bool:
         return self.decoder.done
 
     def step(self) -> Step:
-        self.restore_caches()
+        self.on_model(self.restore_caches)
         gc.collect(1)  # what the caller left to collect (e.g. drawing the last step) is not this step's work
         # nor is waking a CPU that idled while the page drew (greedy's steps follow at once); where other tabs'
         # forwards keep it busy, it has not idled
-        wake(self.decoder.lm.device, idle=self.idle() if self.idle is not None else None)
-        step = timed_step(self.decoder, self.forwards)
+        idle = self.batcher.idle_seconds() if self.batcher is not None else None
+        self.on_model(wake, self.decoder.lm.device, WAKE_SECONDS, idle)
+        forwards = self.batcher.run if self.batcher is not None else None
+        step = timed_step(self.decoder, forwards)
         if len(self.decoder.steps) == 1:
             charge_reading(step, self.reading.get("method", 0.0))
         while not self.greedy.done and len(self.greedy.output) < len(self.decoder.output):
-            greedy_step = timed_step(self.greedy, self.forwards)
+            greedy_step = timed_step(self.greedy, forwards)
             if len(self.greedy.steps) == 1:
                 charge_reading(greedy_step, self.reading.get("greedy", 0.0))
         self.speedups.append(self.figures()["speedup"])
@@ -86,8 +95,8 @@ class Race:
         self.baseline.append({"tokens": len(g.output), "forwards": len(g.steps),
                               "seconds": sum(s.seconds for s in g.steps), "reading": self.reading.get("greedy", 0.0)})
         if self.divergence is None and self.decoder.sampler is None and not self.figures()["identical"]:
-            self.divergence = explain_divergence(self.decoder.lm, self.decoder.prompt, self.greedy.output,
-                                                 self.decoder.output, step.forward_tokens)
+            self.divergence = self.on_model(explain_divergence, self.decoder.lm, self.decoder.prompt,
+                                            self.greedy.output, self.decoder.output, step.forward_tokens)
         return step
 
     def release_caches(self) -> bool:
