@@ -80,16 +80,16 @@ def charts_figure(accepted_lengths: list[int], speedups: list[float], max_len: i
                       mode="lines+markers" if len(speedups) < 3 else "lines", line=dict(color="#1f4e99"),
                       hovertemplate="step %{x}: %{y:.2f}×<extra></extra>")
     whole = lambda top: dict(tick0=0, dtick=max(1, -(-top // 6)), tickformat="d")  # noqa: E731  (counts: no 0.5 ticks)
-    titled = lambda text: dict(text=text, font=dict(size=11))  # noqa: E731
+    axis_title = lambda text: dict(text=text, font=dict(size=11))  # noqa: E731
     left, right = [0.0, 0.43], [0.57, 1.0]  # two plots, 0.14 of the width apart
     return go.Figure(data=[bars, line], layout=dict(
         height=250, margin=dict(l=10, r=10, t=42, b=10), showlegend=False, plot_bgcolor="white", uirevision="charts",
-        xaxis=dict(anchor="y", domain=left, title=titled("tokens committed in one step"),  # ticks one can tell apart
+        xaxis=dict(anchor="y", domain=left, title=axis_title("tokens committed in one step"),  # ticks one can tell apart
                    dtick=1 if max_len <= 12 else (2 if max_len <= 24 else 5)),
-        yaxis=dict(anchor="x", domain=[0.0, 1.0], title=titled("steps"), rangemode="tozero",
+        yaxis=dict(anchor="x", domain=[0.0, 1.0], title=axis_title("steps"), rangemode="tozero",
                    **whole(max(counts, default=1))),
-        xaxis2=dict(anchor="y2", domain=right, title=titled("step"), **whole(max(len(speedups), 1))),
-        yaxis2=dict(anchor="x2", domain=[0.0, 1.0], title=titled("speedup over greedy (×)")),
+        xaxis2=dict(anchor="y2", domain=right, title=axis_title("step"), **whole(max(len(speedups), 1))),
+        yaxis2=dict(anchor="x2", domain=[0.0, 1.0], title=axis_title("speedup over greedy (×)")),
         annotations=[dict(text=text, x=sum(span) / 2, y=1.0, xref="paper", yref="paper", xanchor="center",
                           yanchor="bottom", showarrow=False, font=dict(size=12), yshift=10)  # clear of the plot's top
                      for text, span in (("tokens committed per step", left), ("speedup over steps", right))],

@@ -167,7 +167,6 @@ def test_matrix_save_load_and_foreign_file(hub, embedded_lm, tmp_path):
 
 
 def test_launched_app_through_gradio_client(launched):
-
     client = local_client(launched[1])
     args = (PROMPT, EMBEDDED_LABEL, "tr-16", 8, 16, True, True, "Token Recycling (TR)")
     first = client.predict(*args, api_name="/do_step")
@@ -180,7 +179,6 @@ def test_launched_app_through_gradio_client(launched):
 
 
 def test_run_to_end_through_gradio_client(launched):
-
     client = local_client(launched[1])
     final = client.predict("Name a fruit.", EMBEDDED_LABEL, "auto", 8, 10, True, True, "Token Recycling (TR)",
                            api_name="/do_run")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -60,6 +61,20 @@ def bench_on(lm, prompt: str, tokens: int) -> dict:
     greedy = (rate["greedy"] + rate["greedy-aa"]) / 2  # the page's greedy decoder, both of the bench's copies
     return {"speedup": rate["tr"] / greedy, "mat": runs["tr"].new_tokens / runs["tr"].steps,
             "aa": rate["greedy-aa"] / rate["greedy"], "identical": runs["tr"].identical}
+
+
+def bench_in_own_process(prompt: str, tokens: int) -> dict:
+    """:func:`bench_on` in a Python process of its own, as ``python -m tr_core.bench`` runs beside a server:
+    in the server's process its thread would keep torch workers of its own, which slow the server's."""
+    import json
+    import subprocess
+    import sys
+
+    code = ("import json, sys; from tests.test_browser_lesson import bench_on; from tr_core import load_model; "
+            "print(json.dumps(bench_on(load_model(), sys.argv[1], int(sys.argv[2]))))")
+    done = subprocess.run([sys.executable, "-c", code, prompt, str(tokens)], capture_output=True, text=True,
+                          check=True, cwd=Path(__file__).resolve().parents[1])
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def counters_cost(page) -> float:
@@ -199,7 +214,7 @@ if __name__ == "__main__":  # the page's figures against the bench's: python -m 
                 got = {}
                 for side in order:
                     got[side] = (page_run_to_end(b, f"http://127.0.0.1:{port}/", prompt, tokens) if side == "page"
-                                 else bench_on(hub_.get(None), prompt, tokens))
+                                 else bench_in_own_process(prompt, tokens))
                 rows.append((kind, got["page"], got["bench"]))
                 print(f"{kind}: page MAT {got['page']['mat']:.2f} {got['page']['speedup']:.2f}x | bench MAT "
                       f"{got['bench']['mat']:.2f} {got['bench']['speedup']:.2f}x (A/A {got['bench']['aa']:.2f}, "

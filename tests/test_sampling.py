@@ -133,7 +133,7 @@ def tr_maker(lm, table):
 
 
 RUNS = 2000
-WRONG_RUNS = 800  # a biased rule fails at 800 runs already (p below 1e-15 measured): fewer than the right rule passes with
+WRONG_RUNS = 800  # the biased rule below already fails with 800 runs (p measured at 0.0): the test has the power
 
 
 def test_tr_sampling_has_plain_sampling_distribution(tiny_lm, warm_matrix):

@@ -66,12 +66,10 @@ def test_the_app_under_a_forking_zerogpu_loads_once_and_steps_runs_and_compares(
     from app import build_app, serve, warm_or_say_handler
     from components.model_hub import ModelHub
     from components.recorded import Recorder, load_at_start_up
-
-    from .conftest import local_client
     from tr_core.cost import CostCurve
     from tr_core.models import EMBEDDED_LABEL
 
-    from .conftest import free_port
+    from .conftest import free_port, local_client
     from .zerogpu_standin import module
 
     spaces = module()
