@@ -8,8 +8,6 @@ passes them as ``inputs_kwargs``): ``sess``, ``prompt``, ``teach``, and the sett
 """
 from __future__ import annotations
 
-import functools
-import inspect
 import threading
 import time
 from contextlib import contextmanager
@@ -20,7 +18,7 @@ import torch
 
 from tr_core.batching import Batcher
 from tr_core.devices import oom_message, release_device_memory, serial_torch_here
-from tr_core.model_thread import ModelThread
+from tr_core.model_thread import ModelThread, wrap_handler
 from tr_core.models import ModelLoadError
 
 from .memory import release_freed_memory
@@ -513,18 +511,11 @@ def gpu_wrapped(handlers: Handlers) -> dict:
 
 
 def serially(fn):
-    """``fn`` (a handler, or a generator handler's every step) with its torch work serial on its thread."""
-    if inspect.isgeneratorfunction(fn):
-        @functools.wraps(fn)
-        def each(*args, **kwargs):
-            serial_torch_here()
-            for item in fn(*args, **kwargs):
-                yield item
-                serial_torch_here()  # a generator may resume on another thread of the pool
-        return each
+    """``fn`` (a handler, or a generator handler's every step, which may resume on another thread of the
+    pool) with its torch work serial on the thread that runs it."""
+    return wrap_handler(fn, run_serially)
 
-    @functools.wraps(fn)
-    def once(*args, **kwargs):
-        serial_torch_here()
-        return fn(*args, **kwargs)
-    return once
+
+def run_serially(fn, /, *args, **kwargs):
+    serial_torch_here()
+    return fn(*args, **kwargs)

@@ -165,6 +165,10 @@ class Batcher:
         self.sizes: deque[int] = deque(maxlen=SIZES_KEPT)  # requests per forward lately (tests, benchmarks)
         self._ended = float("-inf")  # when the last forward ended
 
+    def on_model(self, fn, /, *args, **kwargs):
+        """``fn(*args, **kwargs)`` where this batcher runs its forwards (``run_on``), else on the caller's thread."""
+        return self.run_on(fn, *args, **kwargs) if self.run_on is not None else fn(*args, **kwargs)
+
     def idle_seconds(self) -> float:
         """Seconds since the last forward ended (0 while one runs or waits): whether the machine idled."""
         with self._lock:
@@ -217,8 +221,7 @@ class Batcher:
             for r in job.requests:
                 r.clock.add("queue", started - job.queued)
         try:
-            logits = (self.run_on(run_forwards, batch[0].lm, requests) if self.run_on is not None
-                      else run_forwards(batch[0].lm, requests))
+            logits = self.on_model(run_forwards, batch[0].lm, requests)
             for job in batch:
                 job.logits, logits = logits[:len(job.requests)], logits[len(job.requests):]
         except BaseException as err:  # out of memory, a device error: every tab in it hears of it

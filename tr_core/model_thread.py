@@ -43,23 +43,29 @@ class ModelThread:
     def wrap(self, fn):
         """``fn``, run on the model thread; a generator function's every step is (same signature, so
         that a framework that reads it still injects what it asks for)."""
-        if inspect.isgeneratorfunction(fn):
-            @functools.wraps(fn)
-            def each(*args, **kwargs):
-                gen = self.run(fn, *args, **kwargs)
-                while True:
-                    try:
-                        item = self.run(next, gen)
-                    except StopIteration:
-                        return
-                    yield item
-            return each
+        return wrap_handler(fn, self.run)
 
+
+def wrap_handler(fn, run):
+    """``fn`` called through ``run(f, *args, **kwargs)``; a generator function's every step is (each
+    ``next`` goes through ``run``).  Same signature, so that a framework that reads it still injects
+    what it asks for."""
+    if inspect.isgeneratorfunction(fn):
         @functools.wraps(fn)
-        def once(*args, **kwargs):
-            return self.run(fn, *args, **kwargs)
-        return once
+        def each(*args, **kwargs):
+            gen = run(fn, *args, **kwargs)
+            while True:
+                try:
+                    item = run(next, gen)
+                except StopIteration:
+                    return
+                yield item
+        return each
 
+    @functools.wraps(fn)
+    def once(*args, **kwargs):
+        return run(fn, *args, **kwargs)
+    return once
 
 def _claim(threads: int) -> int:
     """The model thread's id, its torch thread count set first to its creator's (``threads``): whatever

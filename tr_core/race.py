@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass, field
 
 from .decoders import Decoder, GreedyDecoder
-from .devices import WAKE_SECONDS, synchronize, wake
+from .devices import synchronize, wake
 from .precision import Divergence, explain_divergence
 from .trace import Step
 
@@ -66,10 +66,9 @@ class Race:
         return {"method": timed(self.decoder.start, prompt_ids, self.decoder.lm.device),
                 "greedy": timed(self.greedy.start, prompt_ids, self.greedy.lm.device)}
 
-    def on_model(self, fn, *args):
-        """``fn(*args)`` where the batcher runs its forwards (a server's model thread), else here."""
-        run_on = getattr(self.batcher, "run_on", None)
-        return run_on(fn, *args) if run_on is not None else fn(*args)
+    def on_model(self, fn, /, *args, **kwargs):
+        """``fn(*args, **kwargs)`` where the batcher runs its forwards (a server's model thread), else here."""
+        return self.batcher.on_model(fn, *args, **kwargs) if self.batcher is not None else fn(*args, **kwargs)
 
     @property
     def done(self) -> bool:
@@ -81,7 +80,7 @@ class Race:
         # nor is waking a CPU that idled while the page drew (greedy's steps follow at once); where other tabs'
         # forwards keep it busy, it has not idled
         idle = self.batcher.idle_seconds() if self.batcher is not None else None
-        self.on_model(wake, self.decoder.lm.device, WAKE_SECONDS, idle)
+        self.on_model(wake, self.decoder.lm.device, idle=idle)
         forwards = self.batcher.run if self.batcher is not None else None
         step = timed_step(self.decoder, forwards)
         if len(self.decoder.steps) == 1:
