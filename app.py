@@ -40,15 +40,17 @@ INTROS = {  # the page's header, by method: it describes the method the Method b
            "trie of the last token is checked in the same forward, racing plain greedy decoding (no matrix). "}
 INTRO = INTROS["tr"] + KEYS
 # Before each step of Run to end and Play: the browser first finishes drawing the last step (two animation
-# frames, then until the panels have not changed for 120 ms, 2 s at most; the status line and the queue's
-# clocks, which tick while a step waits, do not count), so the step's timed work never shares the processor
-# with that drawing when the browser runs on the server's machine: the race times both sides under the same
-# conditions.  A hidden tab draws nothing and goes on at once.
+# frames, then until the panels have not changed for 150 ms, then until its main thread is idle; 2 s at most
+# before that idle wait, and 1 s for it; the status line and the queue's clocks, which tick while a step
+# waits, do not count), so the step's timed work never shares the processor with that drawing when the
+# browser runs on the server's machine: the race times both sides under the same conditions.  A hidden tab
+# draws nothing and goes on at once.
 SETTLE = ("(...args) => new Promise((done) => { if (document.hidden) { done(args); return; } "
           "const clock = (n) => (n.nodeType === 1 ? n : n.parentElement)?.closest('#status, .progress-text, .eta-bar, .progress-level'); "
           "const seen = new MutationObserver((changes) => { if (changes.some((c) => !clock(c.target))) wait(); }); "
-          "let quiet; const go = () => { clearTimeout(quiet); clearTimeout(cap); seen.disconnect(); done(args); }; "
-          "const cap = setTimeout(go, 2000); const wait = () => { clearTimeout(quiet); quiet = setTimeout(go, 120); }; "
+          "let quiet; const go = () => { clearTimeout(quiet); clearTimeout(cap); seen.disconnect(); "
+          "requestIdleCallback(() => done(args), {timeout: 1000}); }; "
+          "const cap = setTimeout(go, 2000); const wait = () => { clearTimeout(quiet); quiet = setTimeout(go, 150); }; "
           "requestAnimationFrame(() => requestAnimationFrame(() => { seen.observe(document.body, "
           "{subtree: true, childList: true, attributes: true, characterData: true}); wait(); })); })")
 
@@ -215,7 +217,9 @@ def wire(demo: gr.Blocks, h: Handlers, session, ui: dict, cmp: dict, hub: ModelH
     model = dict(concurrency_id="model", concurrency_limit=1)
     # steps of different tabs run alongside: their forwards are shared (Handlers.batcher), a tab's own one at a time
     steps = model if batch_tabs <= 1 else dict(concurrency_id="steps", concurrency_limit=batch_tabs)
-    stepping = dict(steps, show_progress_on=[ui["status"]])
+    # the queue's place and clock on the status line, without Gradio's animated logo: redrawn at every frame,
+    # it kept a quarter of a core busy in the browser while the step it stood for was being timed
+    stepping = dict(steps, show_progress_on=[ui["status"]], show_progress="minimal")
     play = [ui["play_beat"], ui["play"]]
     buttons = [ui["step"], ui["play"], ui["run"], ui["stop"]]
     # the run file and the browser's copy, after a step; never while a step runs (the race's times stay its own)
@@ -267,7 +271,7 @@ def wire(demo: gr.Blocks, h: Handlers, session, ui: dict, cmp: dict, hub: ModelH
         warm = warm_or_say_handler(hub, curve_on_gpu=gpu_task(recorder.cost_curve), done=h)
     else:
         warm = gpu_task(h.model_thread.wrap(warm_or_say_handler(hub, done=h)))
-    demo.load(warm, None, ui["status"], **model)
+    demo.load(warm, None, ui["status"], show_progress="minimal", **model)  # its bar, not Gradio's animated logo
     # a new page, or a reload: the tab's prompt, settings and run come back (not the status: warm-up's)
     demo.load(files.restore, [ui["kept"], session], views[:-1] + [ui["prompt"], *settings_in.values()])
     demo.unload(h.on_unload)
@@ -370,11 +374,13 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def serve(demo: gr.Blocks, host: str = "127.0.0.1", port: int = 7860, queue_size: int = 64, **launch_kw):
-    """Queue and launch with the app's stylesheet and keyboard script (on localhost unless told; never shared)."""
+    """Queue and launch with the app's stylesheet and keyboard script (on localhost unless told; never shared).
+    No run history: the browser would keep every step's outputs (the figures) in its storage, re-reading and
+    re-writing all of them at each step, which kept a core busy while the next step was timed."""
     demo.queue(max_size=queue_size)
     return demo.launch(server_name=host, server_port=port, css=(ASSETS / "style.css").read_text(),
                        js=(Path(__file__).with_name("components") / "keyboard.js").read_text(),
-                       show_error=False, share=False, **launch_kw)
+                       show_error=False, share=False, run_history=False, **launch_kw)
 
 
 if __name__ == "__main__":

@@ -72,24 +72,25 @@ def save_curve(lm) -> None:
 
 
 def with_progress(work, report, every: float = 0.5):
-    """Run ``work()`` in a thread, calling ``report(elapsed_seconds)`` until it ends; its result or error."""
-    box: dict = {}
-    context = contextvars.copy_context()  # the request's context (spaces.GPU reads it on ZeroGPU)
-
-    def target():
-        try:
-            box["out"] = context.run(work)
-        except BaseException as err:  # handed back to the caller's thread
-            box["err"] = err
-    thread = threading.Thread(target=target, daemon=True)
+    """``work()`` on this thread, ``report(elapsed_seconds)`` called from another every ``every`` seconds
+    until it ends; its result or error.  The work stays on the caller's thread (a server's model thread):
+    torch work on a thread of its own would give the process a second OpenMP team, and with more workers
+    than cores every forward slows, the ones timed for the cost curve included."""
+    context = contextvars.copy_context()  # the request's context (the page's progress bar reads it)
+    done = threading.Event()
     t0 = time.monotonic()
-    thread.start()
-    while thread.is_alive():
-        report(time.monotonic() - t0)
-        thread.join(every)
-    if "err" in box:
-        raise box["err"]
-    return box.get("out")
+
+    def tell():
+        while not done.wait(every):
+            context.run(report, time.monotonic() - t0)
+    report(0.0)
+    reporter = threading.Thread(target=tell, daemon=True)
+    reporter.start()
+    try:
+        return work()
+    finally:
+        done.set()
+        reporter.join()
 
 
 _WARM: weakref.WeakSet = weakref.WeakSet()  # models whose forwards have run once at every size here

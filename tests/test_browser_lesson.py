@@ -17,7 +17,8 @@ pytestmark = pytest.mark.browser
 CHAT = "Why do cats purr? Explain briefly."
 KINDS = {"chat": CHAT,
          "code": "Write a Python function that returns the n-th Fibonacci number, with a short docstring.",
-         "rewrite": "Rewrite this sentence in the passive voice: The committee approved the new budget on Monday."}
+         "rewrite": "Rewrite this paragraph in the passive voice: The committee approved the new budget on Monday. "
+                    "The mayor announced the plan at a press conference, and local businesses welcomed it."}
 
 
 def set_max_new(page, tokens: int) -> None:

@@ -97,3 +97,30 @@ def test_event_threads_run_torch_serially_and_the_model_thread_keeps_its_workers
     assert ModelThread().run(torch.get_num_threads) == main  # made by the main thread after an event went serial
     serial_torch_here()  # on the main thread: nothing
     assert torch.get_num_threads() == main
+
+
+def test_start_up_work_runs_on_the_callers_thread_while_another_reports_progress():
+    """Start-up's timed forwards run where it was called (a server's model thread), never on a thread of
+    its own (a second OpenMP team slows every forward and skews the cost curve); the progress reports come
+    from another thread, with the caller's context, and an error reaches the caller."""
+    import time
+
+    from components.startup import with_progress
+
+    tab = contextvars.ContextVar("tab")
+    tab.set("mine")
+    reports: list[tuple[float, str, int]] = []
+
+    def work():
+        time.sleep(0.25)
+        return threading.get_ident()
+    ran_on = with_progress(work, lambda t: reports.append((t, tab.get(), threading.get_ident())), every=0.05)
+    assert ran_on == threading.get_ident()
+    assert len(reports) >= 3 and reports[0][0] == 0.0 and reports[-1][0] > 0.1
+    assert {who for _, who, _ in reports} == {"mine"}
+    assert any(thread != ran_on for _, _, thread in reports)
+
+    def fails():
+        raise ValueError("no model")
+    with pytest.raises(ValueError, match="no model"):
+        with_progress(fails, lambda t: None, every=0.05)
