@@ -82,7 +82,7 @@ ROOT_LEGEND = "<span style='color:#1f4e99'>●</span> root: last committed token
 LEGEND = (f"{ROOT_LEGEND}<br><span style='color:#2e9d4f'>●</span> accepted draft · <span style='color:#9aa1a9'>●"
           "</span> rejected · <span style='color:#e0a100'>★</span> the model's own token<br><span "
           "style='color:#8e44ad'>●</span> prompt lookup: copied from the text · click a node")
-EMPTY_LEGEND = "<br>∅ hollow: the matrix had no candidates after its parent<br>(its row is still empty): a blank draft"
+EMPTY_LEGEND = "<br>∅ hollow: the matrix had no candidates after its parent<br>(its row was still empty when this step drafted): a blank draft"
 FRAME_LEGEND = {1: "Phase 1, retrieve: the drafts, read row by row from M<br>"
                    f"{ROOT_LEGEND}<br><span style='color:#6c8ebf'>●</span> a draft (verdict at phase 2)",
                 2: "Phase 2, verify: one forward checks every node<br><span style='color:#2e9d4f'>●</span> the "
@@ -120,8 +120,9 @@ def tree_legend(step: Step | None, frame: int) -> str:
     if not step.blank_under:
         return legend
     n = step.blank_drafts
-    return legend + ("<br>∅: the matrix had no candidates after the token above<br>it (its row is still empty), "
-                     f"so nothing was drafted<br>below it ({n} place{'s' * (n != 1)} of the tree shape left out)")
+    return legend + ("<br>∅: the matrix had no candidates after the token above<br>it (its row was still empty "
+                     "when this step drafted; this<br>step's writes fill it), so nothing was drafted below it<br>"
+                     f"({n} place{'s' * (n != 1)} of the tree shape left out, not drawn)")
 
 
 def tree_figure(step: Step | None, token_text, title: str = "", frame: int = 0, picked: int | None = None):
@@ -254,7 +255,7 @@ def _blank_leaves(step: Step, token_text, pos: dict, spot: dict) -> list[go.Scat
         text=["∅"] * len(under), textposition="middle center", textfont=dict(size=10, color=EMPTY_COLOR),
         marker=dict(size=17, symbol="circle-open", color=EMPTY_COLOR, line_width=1.5), cliponaxis=False,
         hovertext=[f"<b>∅ left out</b> under {visible(token_text(step.tree.tokens[i]), 30)}<br>the matrix had no "
-                   "candidates after this token yet (its row is still empty, never written),<br>so nothing was "
+                   "candidates after this token yet (its row was still empty, never written, when this step drafted),<br>so nothing was "
                    "drafted below it: the tree's places there are left out of the forward pass"
                    for i in under], hoverinfo="text")]
 

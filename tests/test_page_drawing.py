@@ -45,7 +45,7 @@ def test_blank_like_tokens_are_shown_with_signs_wherever_tokens_are_drawn():
 def test_the_empty_sign_and_the_root_marker_are_explained_in_plain_words():
     words = re.sub("<[^>]+>", " ", tree_figure(a_step(blank_under=[2]), text_of).layout.title.text)
     assert "∅: the matrix had no candidates after the token above" in words
-    assert "row is still empty" in words and "nothing was drafted" in words and "node's row" not in words
+    assert "row was still empty" in words and "nothing was drafted" in words and "node's row" not in words
     assert "root: last committed token, where this step starts" in re.sub("<[^>]+>", "", LEGEND)
     for frame in range(5):
         said = re.sub("<[^>]+>", "", legend(frame).replace("<br>", " "))

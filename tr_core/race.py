@@ -1,7 +1,9 @@
 """A tree decoder and plain greedy decoding on the same prompt and model, advanced side by side.
 
-After every step of the tree decoder, greedy decodes until it has at least as many tokens, one
-forward at a time, in the same handler: the two never run at once, so neither slows the other.
+At every step of the tree decoder, greedy decodes until it has at least as many tokens, one forward
+at a time, in the same handler: the two never run at once, so neither slows the other.  Every other
+step, greedy's first forward of the step runs before the method's, so that whatever slows a step's
+first forward (a processor idle while the page drew) is charged to both sides alike.
 """
 from __future__ import annotations
 
@@ -77,18 +79,18 @@ class Race:
     def step(self) -> Step:
         self.on_model(self.restore_caches)
         gc.collect(1)  # what the caller left to collect (e.g. drawing the last step) is not this step's work
-        # nor is waking a CPU that idled while the page drew (greedy's steps follow at once); where other tabs'
-        # forwards keep it busy, it has not idled
+        # nor is waking a CPU that idled while the page drew (the other side's steps follow at once); where
+        # other tabs' forwards keep it busy, it has not idled
         idle = self.batcher.idle_seconds() if self.batcher is not None else None
         self.on_model(wake, self.decoder.lm.device, idle=idle)
         forwards = self.batcher.run if self.batcher is not None else None
+        if self.greedy_goes_first():
+            self.greedy_step(forwards)
         step = timed_step(self.decoder, forwards)
         if len(self.decoder.steps) == 1:
             charge_reading(step, self.reading.get("method", 0.0))
         while not self.greedy.done and len(self.greedy.output) < len(self.decoder.output):
-            greedy_step = timed_step(self.greedy, forwards)
-            if len(self.greedy.steps) == 1:
-                charge_reading(greedy_step, self.reading.get("greedy", 0.0))
+            self.greedy_step(forwards)
         self.speedups.append(self.figures()["speedup"])
         g = self.greedy
         self.baseline.append({"tokens": len(g.output), "forwards": len(g.steps),
@@ -97,6 +99,20 @@ class Race:
             self.divergence = self.on_model(explain_divergence, self.decoder.lm, self.decoder.prompt,
                                             self.greedy.output, self.decoder.output, step.forward_tokens)
         return step
+
+    def greedy_goes_first(self) -> bool:
+        """Whether this step's first timed forward is greedy's: every other step, where greedy needs a step
+        whatever the method commits (it is no further than the method, which commits at least one token).
+        The first forward after a pause (the page drawing, a person reading) can run slower than the ones
+        that follow it; taking turns charges that to both sides alike."""
+        return (len(self.decoder.steps) % 2 == 1 and not self.greedy.done
+                and len(self.greedy.output) <= len(self.decoder.output))
+
+    def greedy_step(self, forwards=None) -> None:
+        """One timed step of greedy; its first carries its reading of the prompt."""
+        step = timed_step(self.greedy, forwards)
+        if len(self.greedy.steps) == 1:
+            charge_reading(step, self.reading.get("greedy", 0.0))
 
     def release_caches(self) -> bool:
         """Free both KV caches (a finished or idle race); True when there was one to free.  The next
