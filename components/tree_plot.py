@@ -121,8 +121,8 @@ def tree_legend(step: Step | None, frame: int) -> str:
         return legend
     n = step.blank_drafts
     return legend + ("<br>∅: the matrix had no candidates after the token above<br>it (its row was still empty "
-                     "when this step drafted; this<br>step's writes fill it), so nothing was drafted below it<br>"
-                     f"({n} place{'s' * (n != 1)} of the tree shape left out, not drawn)")
+                     "when this step drafted;<br>this step's writes fill it), so nothing was drafted<br>"
+                     f"below it ({n} place{'s' * (n != 1)} of the tree shape left out)")
 
 
 def tree_figure(step: Step | None, token_text, title: str = "", frame: int = 0, picked: int | None = None):
