@@ -13,7 +13,7 @@ from plotly.subplots import make_subplots
 
 from tr_core import GreedyDecoder, PromptLookupDecoder, TokenRecyclingDecoder
 from tr_core.decoders import Decoder, ProgressiveTreeDecoder
-from tr_core.race import timed_step
+from tr_core.race import step_once
 
 COLORS = {"greedy": "#7f8c9a", "TR (auto)": "#2e9d4f", "TR (paper-80)": "#1f4e99", "PTD": "#d0455b",
           "PLD": "#8e44ad"}
@@ -58,7 +58,7 @@ class CompareRun:
             if self.decoder is None:
                 self.decoder = self.makers[len(self.rows)][1]()
                 self.decoder.start(self.ids)
-            step = timed_step(self.decoder)
+            step = step_once(self.decoder)
             self.tokens.append(self.tokens[-1] + len(step.committed))
             self.seconds.append(self.seconds[-1] + step.seconds)
             if self.decoder.done:

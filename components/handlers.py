@@ -16,7 +16,7 @@ from dataclasses import replace
 import gradio as gr
 import torch
 
-from tr_core.batching import Batcher
+from tr_core.rounds import Batcher
 from tr_core.devices import oom_message, release_device_memory, serial_torch_here
 from tr_core.model_thread import ModelThread, wrap_handler
 from tr_core.models import ModelLoadError
@@ -55,8 +55,8 @@ class Handlers:
         ``spaces.GPU``): each run is decoded whole in one GPU call and stepped through here.
         ``one_thread``: the model's work (start-up, steps, Compare) runs on one thread
         (:mod:`tr_core.model_thread`), not on the thread of each event; off where tabs' steps run side by
-        side (their forwards shared): then only start-up, Compare and the shared forwards run there, and
-        each step's other torch work runs serially on its event's thread."""
+        side: then their steps run there in rounds (``tr_core.rounds``: every waiting tab's step, its
+        forwards shared), and each event's other torch work (drawing) runs serially on its own thread."""
         self.hub, self.cap, self.matrix_path, self.on_session_end = hub, cap, matrix_path, on_session_end
         self.record = record
         self.live: dict[str, Session] = {}
@@ -65,7 +65,7 @@ class Handlers:
         self._no_start_up.set()
         self.one_thread = one_thread
         self.model_thread = ModelThread()
-        self.batcher = Batcher(run_on=self.model_thread.run)  # every tab's steps that wait together: one forward
+        self.batcher = Batcher(submit=self.model_thread.submit)  # tabs' steps together, on the model thread
         hub.on_evict.append(self.forget_model)
 
     @contextmanager
@@ -501,7 +501,7 @@ def gpu_wrapped(handlers: Handlers) -> dict:
     elsewhere).  On ZeroGPU they run in the main process instead: only ``handlers.record``, one GPU
     call per run (``components.recorded``), touches the GPU."""
     # each on the model's own thread (tr_core.model_thread); or, with tabs side by side, on its event's
-    # thread (torch serially there: its forwards go to the model thread)
+    # thread (torch serially there: its step goes to the model thread in a round with the others')
     on = handlers.model_thread.wrap if handlers.one_thread else serially
     named = {name: on(getattr(handlers, name))
              for name in ("step", "run", "tick", "next_frame", "run_start", "run_tick", "run_live")}

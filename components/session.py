@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Mapping
 
 from tr_core import AdjacencyMatrix, GreedyDecoder, MatrixFileError, TokenRecyclingDecoder
-from tr_core.batching import Batcher
+from tr_core.rounds import Batcher
 from tr_core.decoders import DecodeError, ProgressiveTreeDecoder
 from tr_core.decoders.recycling import DEFAULT_LOOKUP
 from tr_core.models import LoadedModel, ModelLoadError

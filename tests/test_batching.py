@@ -8,10 +8,11 @@ import pytest
 import torch
 
 from tr_core import GreedyDecoder, PromptLookupDecoder, TokenRecyclingDecoder
-from tr_core.batching import Batcher, can_pack, causal_mask, run_forwards
+from tr_core.batching import can_pack, causal_mask, run_forwards
 from tr_core.bench.random_models import family_configs, random_lm
 from tr_core.decoders import ProgressiveTreeDecoder
-from tr_core.race import Race
+from tr_core.race import Race, step_races
+from tr_core.rounds import Batcher
 from tr_core.sampling import SamplingConfig
 
 from .conftest import reference_greedy
@@ -77,9 +78,9 @@ def test_the_causal_block_of_a_maskless_request_follows_the_window():
     assert seen == [[0, 0, 0, 1, 1, 1, 0], [0, 0, 0, 0, 1, 1, 1]]  # positions 5 and 6 see 3 positions each
 
 
-def test_threads_stepping_races_share_forwards_and_keep_their_outputs():
-    """Four tabs, each in its own thread, step TR-vs-greedy races through one batcher: their forwards
-    are gathered, and every race's text is what it is alone."""
+def test_threads_stepping_races_share_rounds_and_keep_their_outputs():
+    """Four tabs, each in its own thread, step TR-vs-greedy races through one batcher: their steps are
+    gathered into rounds (greedy's catch-up included), and every race's text is what it is alone."""
     lm = random_lm(family_configs()["llama"])
     alone = [Race(TokenRecyclingDecoder(lm, max_new_tokens=40), GreedyDecoder(lm, 40)) for _ in range(4)]
     for race, ids in zip(alone, PROMPTS):
@@ -105,26 +106,138 @@ def test_threads_stepping_races_share_forwards_and_keep_their_outputs():
     for race, lone in zip(races, alone):
         assert race.decoder.output == lone.decoder.output
         assert race.greedy.output == lone.greedy.output
+        assert race.baseline[-1]["tokens"] == lone.baseline[-1]["tokens"]
         assert all(s.wall is not None and s.wall >= s.timings["forward"] * 0.5 for s in race.decoder.steps)
-    assert max(batcher.sizes) > 1, batcher.sizes
+    assert max(batcher.rounds) > 1 and max(batcher.sizes) > 1, (batcher.rounds, batcher.sizes)
+
+
+def test_races_of_every_kind_step_together_as_alone_and_a_failure_stays_with_its_race():
+    """One round steps races of TR, PTD, PLD and greedy sampling together; each gets the step it gets
+    alone.  A race whose drafting fails hears of it; the others' steps go on."""
+    lm = random_lm(family_configs()["llama"])
+
+    def races():
+        out = []
+        for make, ids in zip(mixed_class(lm, 12), PROMPTS):
+            dec = make()
+            race = Race(dec, GreedyDecoder(lm, 12, sampling=dec.sampling))
+            race.start(ids)
+            out.append(race)
+        return out
+
+    alone, together = races(), races()
+    for race in alone:
+        while not race.done:
+            race.step()
+    broken = together[1]
+    broken.decoder.prepare_step = lambda: (_ for _ in ()).throw(RuntimeError("drafting failed"))
+    first = step_races(together)
+    assert isinstance(first[1], RuntimeError) and all(not isinstance(s, BaseException) for i, s in enumerate(first) if i != 1)
+    rest = [r for r in together if r is not broken]
+    while any(not r.done for r in rest):
+        step_races([r for r in rest if not r.done])
+    for race, lone in zip(together, alone):
+        if race is not broken:
+            assert race.decoder.output == lone.decoder.output and race.greedy.output == lone.greedy.output
+            assert race.speedups and len(race.speedups) == len(race.decoder.steps)
+
+
+def test_races_with_a_batcher_read_their_prompts_together_as_alone():
+    """With a batcher, a race checks its prompt at ``start`` and reads it in its first round: every
+    race's method prefill in one forward, then every greedy prefill in one.  Each TR matrix is seeded
+    from its prompt exactly as a race reading alone seeds it, and each race then runs as alone."""
+    from tr_core.decoders.base import DecodeError
+    from tr_core.race import drive
+
+    lm = random_lm(family_configs()["llama"])
+    batcher = Batcher()
+
+    def races(with_batcher):
+        out = []
+        for make, ids in zip(mixed_class(lm, 12), PROMPTS):
+            dec = make()
+            race = Race(dec, GreedyDecoder(lm, 12, sampling=dec.sampling), batcher=with_batcher)
+            race.start(ids)
+            out.append(race)
+        return out
+
+    alone, read_alone, together = races(None), races(None), races(batcher)
+    assert all(r.unread and r.decoder.cache_length == 0 for r in together)
+    sizes = []
+
+    def counted(lm_, requests):
+        sizes.append(len(requests))
+        return run_forwards(lm_, requests)
+
+    drive([r.read_stepping() for r in together], counted)
+    assert sizes == [len(PROMPTS), len(PROMPTS)]
+    for race, lone in zip(together, read_alone):
+        assert not race.unread and race.reading["method"] > 0 and race.reading["greedy"] > 0
+        for side, other in ((race.decoder, lone.decoder), (race.greedy, lone.greedy)):
+            assert side.cache_length == other.cache_length == len(side.prompt) - 1
+        if isinstance(race.decoder, TokenRecyclingDecoder):
+            assert torch.equal(race.decoder.matrix.table, lone.decoder.matrix.table)
+    for race in alone:
+        while not race.done:
+            race.step()
+    while any(not r.done for r in together):
+        step_races([r for r in together if not r.done])
+    for race, lone in zip(together, alone):
+        assert race.decoder.output == lone.decoder.output and race.greedy.output == lone.greedy.output
+    with pytest.raises(DecodeError):  # a prompt that cannot be read is refused at start, not in a round
+        Race(GreedyDecoder(lm, 8), GreedyDecoder(lm, 8), batcher=batcher).start([])
+
+
+def test_a_race_that_asks_while_others_step_joins_them_at_the_next_forward():
+    """A tab that presses Step while another tab's step runs does not wait for that step to end: its
+    race joins the serving loop at the next forward (one loop serves both, a forward carries both), and
+    each gets the step it gets alone."""
+    lm = random_lm(family_configs()["llama"])
+    batcher = Batcher(submit=lambda fn, later=False: threading.Thread(target=fn, daemon=True).start() or True)
+    first, second = (Race(TokenRecyclingDecoder(lm, max_new_tokens=12), GreedyDecoder(lm, 12), batcher=batcher)
+                     for _ in range(2))
+    lone = [Race(TokenRecyclingDecoder(lm, max_new_tokens=12), GreedyDecoder(lm, 12)) for _ in range(2)]
+    for race, ids in zip([first, second, *lone], PROMPTS[:2] * 2):
+        race.start(ids)
+    forwards, joined = batcher._forwards, []
+
+    def forward_once_second_asks(lm_, requests):
+        if not joined:
+            joined.append(threading.Thread(target=second.step, daemon=True))
+            joined[0].start()
+            while not batcher._queue:  # the second tab's step is asked for while the first's runs
+                threading.Event().wait(0.001)
+        return forwards(lm_, requests)
+
+    batcher._forwards = forward_once_second_asks
+    first.step()
+    joined[0].join(timeout=60)
+    assert list(batcher.rounds) == [2] and max(batcher.sizes) == 2, (batcher.rounds, batcher.sizes)
+    for race, alone in zip([first, second], lone):
+        alone.step()
+        assert race.decoder.output == alone.decoder.output and race.greedy.output == alone.greedy.output
 
 
 def test_a_lone_caller_runs_at_once_and_a_failed_forward_reaches_its_callers_only():
     lm = random_lm(family_configs()["llama"])
     batcher = Batcher()
-    assert batcher.idle_seconds() == float("inf")  # no forward yet: a race wakes an idle CPU first
-    dec = GreedyDecoder(lm, 8)
-    dec.start([5, 6, 7])
-    dec.step(batcher.run)
-    assert list(batcher.sizes) == [1] and 0 <= batcher.idle_seconds() < 5
-    bad = GreedyDecoder(lm, 8)
+    race = Race(GreedyDecoder(lm, 8), GreedyDecoder(lm, 8), batcher=batcher)
+    race.start([5, 6, 7])
+    race.step()
+    assert list(batcher.rounds) == [1]
+    bad = Race(GreedyDecoder(lm, 8), GreedyDecoder(lm, 8), batcher=batcher)
     bad.start([5, 6, 7])
-    request = bad.prepare_step()
-    request.input_ids = torch.full_like(request.input_ids, 10_000)  # outside the vocabulary
+    prepare = bad.decoder.prepare_step
+
+    def outside():
+        request = prepare()
+        request.input_ids = torch.full_like(request.input_ids, 10_000)  # outside the vocabulary
+        return request
+    bad.decoder.prepare_step = outside
     with pytest.raises(IndexError):
-        batcher.run(lm, [request])
-    dec.step(batcher.run)  # the batcher goes on
-    assert list(batcher.sizes) == [1, 1, 1] and len(dec.output) == 2
+        bad.step()
+    race.step()  # the batcher goes on
+    assert list(batcher.rounds) == [1, 1, 1] and len(race.decoder.output) == 2
 
 
 def test_a_planner_in_a_class_sizes_its_tree_for_the_batch():

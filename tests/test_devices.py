@@ -243,8 +243,12 @@ def test_the_race_wakes_the_cpu_before_it_times_the_method_and_not_a_gpu(monkeyp
     assert time.perf_counter() - t0 >= 0.02
     events = []
     monkeypatch.setattr(race_mod, "wake", lambda device, seconds=None, idle=None: events.append(("wake", device.type)))
-    real = race_mod.timed_step
-    monkeypatch.setattr(race_mod, "timed_step", lambda dec, fw=None: (events.append(("step", type(dec).__name__)), real(dec, fw))[1])
+    real = race_mod.timed_stepping
+
+    def spied(dec):
+        events.append(("step", type(dec).__name__))
+        return (yield from real(dec))
+    monkeypatch.setattr(race_mod, "timed_stepping", spied)
     race = race_mod.Race(TokenRecyclingDecoder(tiny_lm, tree="tr-16", max_new_tokens=8), GreedyDecoder(tiny_lm, 8))
     race.start([5, 9, 14, 3])  # reading the prompt is timed too: after a wake
     assert events == [("wake", "cpu")]

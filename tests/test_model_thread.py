@@ -124,3 +124,15 @@ def test_start_up_work_runs_on_the_callers_thread_while_another_reports_progress
         raise ValueError("no model")
     with pytest.raises(ValueError, match="no model"):
         with_progress(fails, lambda t: None, every=0.05)
+
+
+def test_submit_queues_work_for_the_model_thread_and_leaves_it_to_a_caller_on_that_thread():
+    """Work queued from another thread runs on the model thread; from the model thread itself nothing
+    is queued (it would wait behind the caller forever): the caller is told to run it."""
+    thread = ModelThread()
+    ran_on = []
+    done = threading.Event()
+    assert thread.submit(lambda: (ran_on.append(thread.here()), done.set())) is True
+    assert done.wait(10) and ran_on == [True]
+    assert thread.run(lambda: thread.submit(lambda: None)) is False
+    assert ModelThread(enabled=False).submit(lambda: None) is False

@@ -17,14 +17,14 @@ with the mask it would have had alone.  So every request's logits are those of i
 keys, same mask, same kernels, and linear-layer rows that do not depend on their neighbours (checked
 token for token against ``generate`` and against each decoder run alone, ``tests/test_batching.py``).
 
+Across threads (a server's tabs), :class:`tr_core.rounds.Batcher` gathers whole steps into rounds whose
+forwards run here.
+
 Models that run on another attention (Gemma 2's eager one) would see the block-diagonal mask over every
 tab's keys, which is right but not bit-identical; their requests run one forward each.
 """
 from __future__ import annotations
 
-import threading
-import time
-from collections import deque
 from contextlib import ExitStack
 from dataclasses import dataclass
 
@@ -34,8 +34,6 @@ from transformers import Cache
 from .attention import ATTENTION
 from .decoders.base import ForwardRequest, model_forward, run_forward
 from .models import LoadedModel
-
-SIZES_KEPT = 10_000  # a server runs for days: only the last forwards' sizes are kept
 
 
 @dataclass(frozen=True)
@@ -93,18 +91,36 @@ def run_forwards(lm: LoadedModel, requests: list[ForwardRequest]) -> list[torch.
     with ExitStack() as clocks:
         for r in requests:
             clocks.enter_context(r.clock.phase("forward"))
-        logits = model_forward(lm, input_ids, position_ids, masks, cache, segments=tuple(segments))  # [Q, vocab]
+        keep, spans = kept_rows(requests, segments, input_ids.device)
+        logits = model_forward(lm, input_ids, position_ids, masks, cache, keep, segments=tuple(segments))  # [R, vocab]
     # each its own rows (a view would keep every tab's logits alive for as long as one tab keeps its own)
-    return [logits[s.q0:s.q1].clone() for s in segments]
+    return [logits[a:b].clone() for a, b in spans]
+
+
+def kept_rows(requests: list[ForwardRequest], segments: list[Segment], device) -> tuple:
+    """(the positions of the packed forward whose logits are wanted: 0 for all, else ``[R]``; each
+    request's ``(start, end)`` in those logits).  Where no request names its ``rows`` the head runs
+    over every position."""
+    if all(r.rows is None for r in requests):
+        return 0, [(s.q0, s.q1) for s in segments]
+    parts, spans, n = [], [], 0
+    for r, s in zip(requests, segments):
+        own = torch.arange(s.q1 - s.q0) if r.rows is None else r.rows
+        parts.append(own + s.q0)
+        spans.append((n, n + len(own)))
+        n += len(own)
+    return torch.cat(parts).to(device), spans
 
 
 def pack_segments(requests: list[ForwardRequest], sliding: bool = False) -> list[Segment]:
-    """Where each request sits; a one-token request without a mask attends without one, as it would
-    alone (a model with windows masks every token)."""
+    """Where each request sits; a request without a mask attends without one where it would alone (one
+    token, or a prefill of an empty cache, causal by itself); a model with windows masks every token."""
     segments, q, k = [], 0, 0
     for r in requests:
         n = r.input_ids.shape[1]
-        segments.append(Segment(q, q + n, k, k + r.past + n, r.attention_mask is not None or n > 1 or sliding))
+        # alone, a request without a mask attends causally by itself (is_causal) where it starts the cache
+        masked = r.attention_mask is not None or sliding or (n > 1 and r.past > 0)
+        segments.append(Segment(q, q + n, k, k + r.past + n, masked))
         q, k = q + n, k + r.past + n
     return segments
 
@@ -142,100 +158,3 @@ def causal_mask(past: int, q: int, window: int | None, dtype: torch.dtype, devic
 
 def _first(mask):
     return next(iter(mask.values())) if isinstance(mask, dict) else mask
-
-
-class Batcher:
-    """Gathers the forwards that concurrent callers (a server's tabs, each in its own thread) ask for,
-    and runs each gathering as one forward (:func:`run_forwards`).
-
-    Nothing waits on purpose: a caller that finds no forward running runs its own at once (a tab alone
-    steps exactly as without a batcher); callers that arrive while a forward runs queue, and when it
-    ends the first of them leads the next forward with every queued request of the same model, up to
-    ``max_tokens`` query tokens.  The seconds a request spent queued behind an earlier forward are kept
-    on its clock as ``"queue"`` (a step's timing leaves them out: :func:`tr_core.race.timed_step`).
-    """
-
-    def __init__(self, max_tokens: int = 2048, run_on=None):
-        """``run_on(fn, *args)``: where each forward runs (e.g. a ``ModelThread``'s ``run``: every forward on
-        one thread, whichever tab leads it); default the leading caller's thread."""
-        self.max_tokens, self.run_on = max_tokens, run_on
-        self._lock = threading.Lock()
-        self._queue: list[_Job] = []
-        self._busy = False
-        self.sizes: deque[int] = deque(maxlen=SIZES_KEPT)  # requests per forward lately (tests, benchmarks)
-        self._ended = float("-inf")  # when the last forward ended
-
-    def on_model(self, fn, /, *args, **kwargs):
-        """``fn(*args, **kwargs)`` where this batcher runs its forwards (``run_on``), else on the caller's thread."""
-        return self.run_on(fn, *args, **kwargs) if self.run_on is not None else fn(*args, **kwargs)
-
-    def idle_seconds(self) -> float:
-        """Seconds since the last forward ended (0 while one runs or waits): whether the machine idled."""
-        with self._lock:
-            return 0.0 if self._busy else time.perf_counter() - self._ended
-
-    def run(self, lm: LoadedModel, requests: list[ForwardRequest]) -> list[torch.Tensor]:
-        """``run_forwards(lm, requests)``, in one forward with whatever else is waiting."""
-        job = _Job(lm, list(requests))
-        with self._lock:
-            self._queue.append(job)
-            job.lead, self._busy = not self._busy, True
-        if not job.lead:
-            job.ready.wait()
-        if job.lead:
-            self._lead()
-        if job.error is not None:
-            raise job.error
-        return job.logits
-
-    def _take(self) -> list["_Job"]:
-        """The next forward's jobs: the first queued one's model, in arrival order, within the budget."""
-        with self._lock:
-            lm, batch, tokens = self._queue[0].lm, [], 0
-            for job in self._queue:
-                n = job.tokens
-                if job.lm is lm and (not batch or tokens + n <= self.max_tokens):
-                    batch.append(job)
-                    tokens += n
-            self._queue = [j for j in self._queue if j not in batch]
-        return batch
-
-    def _lead(self) -> None:
-        batch = self._take()
-        self._forward(batch)
-        with self._lock:
-            after = self._queue[0] if self._queue else None
-            self._busy, self._ended = after is not None, time.perf_counter()
-            if after is not None:
-                after.lead = True
-        for job in batch:
-            job.ready.set()
-        if after is not None:
-            after.ready.set()
-
-    def _forward(self, batch: list["_Job"]) -> None:
-        """One forward of every request of ``batch``; each job gets its logits, or the error."""
-        started = time.perf_counter()
-        requests = [r for job in batch for r in job.requests]
-        for job in batch:
-            for r in job.requests:
-                r.clock.add("queue", started - job.queued)
-        try:
-            logits = self.on_model(run_forwards, batch[0].lm, requests)
-            for job in batch:
-                job.logits, logits = logits[:len(job.requests)], logits[len(job.requests):]
-        except BaseException as err:  # out of memory, a device error: every tab in it hears of it
-            for job in batch:
-                job.error = err
-        self.sizes.append(len(requests))
-
-
-class _Job:
-    def __init__(self, lm: LoadedModel, requests: list[ForwardRequest]):
-        self.lm, self.requests = lm, requests
-        self.tokens = sum(r.input_ids.shape[1] for r in requests)
-        self.queued = time.perf_counter()
-        self.ready = threading.Event()
-        self.lead = False
-        self.logits: list[torch.Tensor] | None = None
-        self.error: BaseException | None = None

@@ -40,6 +40,16 @@ class ModelThread:
         context = contextvars.copy_context()
         return self._pool.submit(context.run, fn, *args, **kwargs).result()
 
+    def submit(self, fn, later: bool = False) -> bool:
+        """Queue ``fn()`` on the model thread, after the work already asked of it, without waiting for it
+        (its exceptions are its own to report); True when queued.  Called from the model thread itself,
+        nothing is queued unless ``later`` (the caller would wait behind its own work forever): False,
+        the caller runs ``fn`` itself.  Where ``enabled`` is False, always False."""
+        if not self.enabled or (self.here() and not later):
+            return False
+        self._pool.submit(contextvars.copy_context().run, fn)
+        return True
+
     def wrap(self, fn):
         """``fn``, run on the model thread; a generator function's every step is (same signature, so
         that a framework that reads it still injects what it asks for)."""

@@ -43,7 +43,7 @@ class LoadedModel:
     fingerprint: str  # identifies the vocabulary a token-id matrix belongs to
     eos_token_ids: tuple[int, ...]
     max_context: int
-    cache_arg: str = "cache"  # the forward's name for the KV cache ("cache" or "past_key_values")
+    cache_arg: str  # the forward's name for the KV cache (:func:`cache_argument`)
     cost_curve: object = None  # forward seconds by query length, measured once (planner.cost_curve_for)
     prepacked: int = 0  # linear layers swapped for oneDNN pre-packed ones (tr_core.prepack), CPU only
     dtype_reason: str = ""  # why this dtype, in words (tr_core.devices.pick_dtype)
@@ -276,8 +276,6 @@ def _finish(model, tokenizer, choice, name: str, dev: torch.device, prepack: boo
     if dt == torch.float32:
         exact_float32(dev)
     vocab = int(model.get_output_embeddings().weight.shape[0])
-    params = inspect.signature(model.forward).parameters
-    cache_arg = "cache" if "cache" in params else "past_key_values"
     ctx = getattr(model.config, "max_position_embeddings", None) or 2048
     if prepack is None:
         prepack = os.environ.get("TR_PREPACK", "1") != "0"
@@ -285,7 +283,7 @@ def _finish(model, tokenizer, choice, name: str, dev: torch.device, prepack: boo
     return LoadedModel(model=model, tokenizer=tokenizer, name=name, device=dev, dtype=dt,
                        vocab_size=vocab, fingerprint=vocabulary_fingerprint(tokenizer, vocab),
                        eos_token_ids=_eos_ids(model, tokenizer), max_context=int(ctx),
-                       cache_arg=cache_arg, prepacked=packed, layout=layout, dtype_reason=choice.reason)
+                       cache_arg=cache_argument(model), prepacked=packed, layout=layout, dtype_reason=choice.reason)
 
 
 # Every logits processor ``generate`` applies in greedy decoding, at the value that leaves the logits
@@ -323,10 +321,15 @@ def wrap_model(model, tokenizer, name: str = "in-memory model") -> LoadedModel:
     """A LoadedModel around a model already in memory (tests, notebooks)."""
     p = next(model.parameters())
     vocab = int(model.get_output_embeddings().weight.shape[0])
-    params = inspect.signature(model.forward).parameters
     layout = AttentionLayout.from_config(model.config)
     return LoadedModel(layout=layout, model=model.eval(), tokenizer=tokenizer, name=name, device=p.device, dtype=p.dtype,
                        vocab_size=vocab, fingerprint=vocabulary_fingerprint(tokenizer, vocab),
                        eos_token_ids=_eos_ids(model, tokenizer),
                        max_context=int(getattr(model.config, "max_position_embeddings", 2048)),
-                       cache_arg="cache" if "cache" in params else "past_key_values")
+                       cache_arg=cache_argument(model))
+
+
+def cache_argument(model) -> str:
+    """The forward's name for the KV cache: ``cache`` in newer transformers, ``past_key_values`` in
+    older ones (which take any other name into ``**kwargs`` and silently run without the cache)."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"

@@ -1,34 +1,170 @@
 """A tree decoder and plain greedy decoding on the same prompt and model, advanced side by side.
 
 At every step of the tree decoder, greedy decodes until it has at least as many tokens, one forward
-at a time, in the same handler: the two never run at once, so neither slows the other.  Every other
+at a time, in the same step: the two never run at once, so neither slows the other.  Every other
 step, greedy's first forward of the step runs before the method's, so that whatever slows a step's
 first forward (a processor idle while the page drew) is charged to both sides alike.
+
+A step is written as a coroutine (:meth:`Race.stepping`) that yields each forward it needs and is
+sent the logits back, so that several races (a class of tabs) step together: :class:`Lockstep` runs
+every waiting race's next forward in one batched forward (:func:`tr_core.batching.run_forwards`),
+greedy's catch-up included (a server's tabs through :class:`tr_core.rounds.Batcher`; a list of races
+on one thread through :func:`step_races`).  A race stepped alone runs the same code with forwards of
+its own.
 """
 from __future__ import annotations
 
 import gc
 import time
+from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 
+import torch
+
+from .batching import can_pack, run_forwards
 from .decoders import Decoder, GreedyDecoder
+from .decoders.base import ForwardRequest
 from .devices import synchronize, wake
+from .models import LoadedModel
 from .precision import Divergence, explain_divergence
 from .trace import Step
 
+# A step as a coroutine: yields ``(model, request)`` for each forward it needs, is sent ``(logits [q, vocab],
+# seconds the forward took)``, returns what it stepped.
+Stepping = Generator[tuple[LoadedModel, ForwardRequest], tuple[torch.Tensor, float], object]
 
-def timed_step(dec: Decoder, forwards=None) -> Step:
-    """``dec.step(forwards)`` timed as the benchmark times a run: the wall clock of the whole step
-    (retrieve, lookup, forward, verify, update, prune, planning and host work), the device
-    synchronised once at each end.  The step's ``seconds`` then read this time.  A step whose forward
-    was batched with other tabs' (``forwards``) is charged the whole batched forward, which is what
-    its tab waited for, but not the time it queued behind an earlier forward (``"queue"``)."""
+
+def timed_stepping(dec: Decoder) -> Stepping:
+    """One step of ``dec`` (returns its ``Step``), timed as the benchmark times a run: the wall clock of
+    the whole step (drafting, forward, verify, update, prune, planning and host work), the device
+    synchronised at each end.  Where the forward was shared with other races' steps, the step is charged
+    the whole shared forward (what its tab waited for) but not the time it waited while the others'
+    steps drafted and verified (kept on its clock as ``"queue"``)."""
     synchronize(dec.lm.device)
     t0 = time.perf_counter()
-    step = dec.step(forwards)
+    request = dec.prepare_step()
+    handed = time.perf_counter()
+    logits, forward = yield dec.lm, request
+    waited = time.perf_counter() - handed - forward
+    if waited > 0:
+        request.clock.add("queue", waited)
+    step = dec.finish_step(request, logits)
     synchronize(dec.lm.device)
     step.wall = time.perf_counter() - t0 - step.timings.get("queue", 0.0)
     return step
+
+
+PACKED_PROMPT = 256  # a prompt up to this long reads in a forward shared with other races'; a longer one alone
+
+
+def timed_prefill(dec: Decoder) -> Stepping:
+    """Seconds of ``dec``'s prefill (its prompt prepared by ``prepare_start``), timed as a step is
+    (:func:`timed_stepping`): in a forward shared with other races' where the prompt has at most
+    ``PACKED_PROMPT`` tokens, else in one of its own (a packed forward's mask grows with its tokens)."""
+    if len(dec.prompt) < 2:
+        return 0.0
+    synchronize(dec.lm.device)
+    t0, waited = time.perf_counter(), 0.0
+    dec.cache = dec.lm.new_cache()  # empty (a read that failed half-way left entries; a freed cache none)
+    if len(dec.prompt) > PACKED_PROMPT:
+        dec.prefill(torch.tensor(dec.prompt[:-1], device=dec.lm.device))
+    else:
+        request = dec.prefill_request()
+        handed = time.perf_counter()
+        logits, forward = yield dec.lm, request
+        waited = max(0.0, time.perf_counter() - handed - forward)
+        dec.finish_prefill(logits)
+    synchronize(dec.lm.device)
+    return time.perf_counter() - t0 - waited
+
+
+class Lockstep:
+    """Coroutines (:data:`Stepping`) stepped together: each :meth:`forward` packs the next request of
+    every live coroutine on one model into one forward, ``forwards(lm, requests) -> [logits]``.  A
+    coroutine can join between forwards (:meth:`add`); each one's result (its return value, or the
+    exception that ended it) is handed back as soon as it ends."""
+
+    def __init__(self, forwards: Callable = run_forwards):
+        self.forwards = forwards
+        self.waiting: dict[object, tuple[Stepping, LoadedModel, ForwardRequest]] = {}
+
+    def add(self, key, stepping: Stepping) -> list[tuple[object, object]]:
+        """Start ``stepping`` (under ``key``) up to its first forward; ``[(key, result)]`` if it ended already."""
+        return self._resume(key, stepping)
+
+    def forward(self) -> list[tuple[object, object]]:
+        """One forward for the requests waiting on one model; ``(key, result)`` of the coroutines it ended.
+        A failed forward (out of memory, a device error) is thrown into each coroutine in it."""
+        lm = next(iter(self.waiting.values()))[1]
+        keys = [k for k, (_, m, _) in self.waiting.items() if m is lm]
+        if not can_pack(lm):  # its requests would run one forward each: one at a time, each timed alone
+            keys = keys[:1]
+        taken = [self.waiting.pop(k) for k in keys]
+        try:
+            synchronize(lm.device)
+            t0 = time.perf_counter()
+            logits = self.forwards(lm, [request for _, _, request in taken])
+            synchronize(lm.device)
+        except Exception as err:
+            return [done for k, (st, _, _) in zip(keys, taken) for done in self._resume(k, st, error=err)]
+        took = time.perf_counter() - t0
+        return [done for k, (st, _, _), row in zip(keys, taken, logits) for done in self._resume(k, st, (row, took))]
+
+    def _resume(self, key, stepping: Stepping, value=None, error: BaseException | None = None) -> list:
+        try:
+            lm, request = stepping.throw(error) if error is not None else stepping.send(value)
+        except StopIteration as end:
+            return [(key, end.value)]
+        except Exception as err:  # this coroutine's own failure: its caller hears of it, the others go on
+            return [(key, err)]
+        self.waiting[key] = (stepping, lm, request)
+        return []
+
+
+def drive(steppings: list[Stepping], forwards: Callable = run_forwards) -> list:
+    """Run coroutines together (:class:`Lockstep`) to their ends; each one's result, or the exception
+    that ended it (a failed forward ends every coroutine in it; the others go on)."""
+    lockstep, results = Lockstep(forwards), [None] * len(steppings)
+    ended = [done for i, st in enumerate(steppings) for done in lockstep.add(i, st)]
+    while lockstep.waiting:
+        ended += lockstep.forward()
+    for i, result in ended:
+        results[i] = result
+    return results
+
+
+def prepare_race(race: "Race"):
+    """A race about to step: its freed caches rebuilt; the race, or the exception that stops it (a cache
+    that cannot be rebuilt: out of memory)."""
+    try:
+        race.restore_caches()
+        return race
+    except Exception as err:
+        return err
+
+
+def step_once(dec: Decoder, forwards: Callable = run_forwards) -> Step:
+    """One timed step of ``dec`` alone (its forward its own)."""
+    return _one(drive([timed_stepping(dec)], forwards))
+
+
+def _one(results: list):
+    if isinstance(results[0], BaseException):
+        raise results[0]
+    return results[0]
+
+
+def step_races(races: list["Race"], forwards: Callable = run_forwards) -> list:
+    """One step of every race of ``races``, together, on this thread: each forward shared (:func:`drive`),
+    an idle CPU woken first (:func:`tr_core.devices.wake`).  Returns each race's ``Step``, or the
+    exception that stopped it."""
+    ready = [prepare_race(race) for race in races]
+    gc.collect(1)  # what the caller left to collect (e.g. drawing the last step) is not this step's work
+    live = [r for r in ready if isinstance(r, Race)]
+    if live:
+        wake(live[0].decoder.lm.device)
+    stepped = iter(drive([race.stepping() for race in live], forwards))
+    return [next(stepped) if isinstance(r, Race) else r for r in ready]
 
 
 def timed(start, prompt_ids, device) -> float:
@@ -53,51 +189,70 @@ class Race:
     speedups: list[float] = field(default_factory=list)  # cumulative speedup after each step
     baseline: list[dict] = field(default_factory=list)  # greedy's tokens, forwards, seconds after each step
     divergence: Divergence | None = None  # where and why the outputs first parted (greedy decoding only)
-    batcher: object = None  # a ``tr_core.batching.Batcher`` shared with other tabs' races (None: alone)
+    batcher: object = None  # a ``tr_core.rounds.Batcher`` shared with other tabs' races (None: alone)
     reading: dict = field(default_factory=dict)  # each side's seconds reading the prompt (in its first step's)
+    unread: bool = False  # started, its prompt's prefill still to run (in its first round, with a batcher)
+    prepared: dict = field(default_factory=dict)  # each side's seconds checking the prompt (its reading's first part)
 
     def start(self, prompt_ids: list[int]) -> None:
         """Both sides read the prompt (their prefill, and the method's own start: the prompt's logits
         recycled into its matrix), each timed; each side's first step is charged its reading, so the race
-        times whole generations, as the benchmark and Spec-Bench do."""
-        self.reading = self.on_model(self._read, prompt_ids)
+        times whole generations, as the benchmark and Spec-Bench do.  Alone, the race reads at once; with
+        a batcher, the prompt is checked here and read in the race's first round (:meth:`read_stepping`),
+        its forwards shared with the other races' there."""
         self.speedups, self.baseline, self.divergence = [], [], None
+        if self.batcher is None:
+            self.reading, self.unread = self._read(prompt_ids), False
+            return
+        for name, dec in (("method", self.decoder), ("greedy", self.greedy)):
+            t0 = time.perf_counter()
+            dec.prepare_start(prompt_ids)
+            self.prepared[name] = time.perf_counter() - t0
+        self.reading, self.unread = dict(self.prepared), True
+
+    def read_stepping(self) -> Stepping:
+        """Both sides' prefills as a coroutine (:data:`Stepping`), each side's time added to its reading."""
+        for name, dec in (("method", self.decoder), ("greedy", self.greedy)):
+            self.reading[name] = self.prepared[name] + (yield from timed_prefill(dec))
+        self.unread = False
 
     def _read(self, prompt_ids: list[int]) -> dict:
         wake(self.decoder.lm.device)
         return {"method": timed(self.decoder.start, prompt_ids, self.decoder.lm.device),
                 "greedy": timed(self.greedy.start, prompt_ids, self.greedy.lm.device)}
 
-    def on_model(self, fn, /, *args, **kwargs):
-        """``fn(*args, **kwargs)`` where the batcher runs its forwards (a server's model thread), else here."""
-        return self.batcher.on_model(fn, *args, **kwargs) if self.batcher is not None else fn(*args, **kwargs)
-
     @property
     def done(self) -> bool:
         return self.decoder.done
 
     def step(self) -> Step:
-        self.on_model(self.restore_caches)
-        gc.collect(1)  # what the caller left to collect (e.g. drawing the last step) is not this step's work
-        # nor is waking a CPU that idled while the page drew (the other side's steps follow at once); where
-        # other tabs' forwards keep it busy, it has not idled
-        idle = self.batcher.idle_seconds() if self.batcher is not None else None
-        self.on_model(wake, self.decoder.lm.device, idle=idle)
-        forwards = self.batcher.run if self.batcher is not None else None
+        """One step of the method, greedy caught up with it: with the class's other waiting races where
+        the race has a batcher (their forwards shared), else alone."""
+        if self.batcher is not None:
+            return self.batcher.step(self)
+        return _one(step_races([self]))
+
+    def stepping(self) -> Stepping:
+        """One step as a coroutine (:data:`Stepping`; returns the method's ``Step``): greedy's first
+        step (every other step), the method's step, greedy's catch-up to the method's tokens, then the
+        race's counters; a divergence from greedy is explained where it first appears.  A race that has
+        not read its prompt yet reads it first."""
+        if self.unread:
+            yield from self.read_stepping()
         if self.greedy_goes_first():
-            self.greedy_step(forwards)
-        step = timed_step(self.decoder, forwards)
+            yield from self.greedy_stepping()
+        step = yield from timed_stepping(self.decoder)
         if len(self.decoder.steps) == 1:
             charge_reading(step, self.reading.get("method", 0.0))
         while not self.greedy.done and len(self.greedy.output) < len(self.decoder.output):
-            self.greedy_step(forwards)
+            yield from self.greedy_stepping()
         self.speedups.append(self.figures()["speedup"])
         g = self.greedy
         self.baseline.append({"tokens": len(g.output), "forwards": len(g.steps),
                               "seconds": sum(s.seconds for s in g.steps), "reading": self.reading.get("greedy", 0.0)})
         if self.divergence is None and self.decoder.sampler is None and not self.figures()["identical"]:
-            self.divergence = self.on_model(explain_divergence, self.decoder.lm, self.decoder.prompt,
-                                            self.greedy.output, self.decoder.output, step.forward_tokens)
+            self.divergence = explain_divergence(self.decoder.lm, self.decoder.prompt, self.greedy.output,
+                                                 self.decoder.output, step.forward_tokens)
         return step
 
     def greedy_goes_first(self) -> bool:
@@ -108,9 +263,9 @@ class Race:
         return (len(self.decoder.steps) % 2 == 1 and not self.greedy.done
                 and len(self.greedy.output) <= len(self.decoder.output))
 
-    def greedy_step(self, forwards=None) -> None:
+    def greedy_stepping(self) -> Stepping:
         """One timed step of greedy; its first carries its reading of the prompt."""
-        step = timed_step(self.greedy, forwards)
+        step = yield from timed_stepping(self.greedy)
         if len(self.greedy.steps) == 1:
             charge_reading(step, self.reading.get("greedy", 0.0))
 
@@ -123,6 +278,9 @@ class Race:
         return held
 
     def restore_caches(self) -> None:
+        """Rebuild freed KV caches from the committed tokens (a race yet to read its prompt reads it whole)."""
+        if self.unread:
+            return
         self.decoder.restore_cache()
         self.greedy.restore_cache()
 

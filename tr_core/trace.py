@@ -50,7 +50,7 @@ class Step:
     draft_tree: DraftTree | None = None
     blank_drafts: int = 0  # TR: nodes of the tree shape left out, drafted from rows never written (or below one)
     blank_under: list[int] = field(default_factory=list)  # TR: tree nodes whose children were left out (rows never written)
-    wall: float | None = None  # the whole step's wall-clock seconds, device synchronised once (tr_core.race.timed_step)
+    wall: float | None = None  # the whole step's wall-clock seconds, device synchronised once (tr_core.race.timed_stepping)
 
     @property
     def accepted_drafts(self) -> int:

@@ -1,7 +1,7 @@
 """``python -m tr_core.bench.docs RESULTS_DIR OUT.md``: a Markdown page of every result file in a folder.
 
-Each ``*.json`` written by ``python -m tr_core.bench``, ``tr_core.bench.ablate`` or
-``tr_core.bench.kernels`` becomes a section: where it came from (its ``provenance``: commit, CPU,
+Each ``*.json`` written by ``python -m tr_core.bench``, ``tr_core.bench.ablate``,
+``tr_core.bench.kernels`` or ``tr_core.bench.gpu_check`` becomes a section: where it came from (its ``provenance``: commit, CPU,
 date, command) and its table, printed as the command prints it.  The page is made from the files
 alone, so it cannot disagree with them; ``--check`` says whether ``OUT.md`` is what the files give now.
 
@@ -63,6 +63,10 @@ def render_result(result: dict) -> str:
         return _ablation(result)
     if "sizes" in result:
         return _kernels(result)
+    if "environment" in result:
+        from .gpu_check import format_report, verdict
+
+        return "```text\n" + format_report(result).rstrip() + "\n\n" + verdict(result)[1] + "\n```"
     return "```text\n" + format_table(result).rstrip() + "\n```"
 
 

@@ -264,12 +264,13 @@ def big_config(shapes: str):
 def bare(model, name: str):
     """A ``LoadedModel`` around a random model whose ids alone matter (no tokenizer)."""
     from ..layout import AttentionLayout
-    from ..models import LoadedModel
+    from ..models import LoadedModel, cache_argument
 
     p = next(model.parameters())
     return LoadedModel(model=model, tokenizer=None, name=name, device=p.device, dtype=p.dtype,
                        vocab_size=model.config.vocab_size, fingerprint="random", eos_token_ids=(),
-                       max_context=model.config.max_position_embeddings, layout=AttentionLayout.from_config(model.config))
+                       max_context=model.config.max_position_embeddings, layout=AttentionLayout.from_config(model.config),
+                       cache_arg=cache_argument(model))
 
 
 def check_costs(big, shapes: str, repeats: int, measured_mat: dict) -> dict:
@@ -402,19 +403,22 @@ def run_check(model: str | None = None, device: str | None = None, shapes: str =
               no_weights: bool = False, prompts_file: str | None = None, limit: int = 1, timed_tokens: int = 96,
               timed_dtype: str = "float32", random_prompts_count: int = 2, random_tokens: int = 32,
               batching: bool = True, parts=None, loaded: dict | None = None, families=None,
-              timed_prompts: int | None = None) -> dict:
+              timed_prompts: int | None = None, argv: list[str] | None = None) -> dict:
     """Every part of the module doc; ``parts``: more ``{name: fn(lm, texts) -> dict}`` run on the
-    model at the end (the app's check); ``loaded``: models already in memory by dtype name (tests)."""
+    model at the end (the app's check); ``loaded``: models already in memory by dtype name (tests);
+    ``argv``: the command's arguments, recorded in the file's ``provenance``."""
     import torch
 
     from ..devices import pick_device, release_device_memory
     from ..models import load_model
+    from .report import provenance
 
     started = time.perf_counter()
     path, info = resolve_model(None if no_weights else model)
     dev = pick_device(device)
     report: dict = {"environment": environment(dev), "model": info, "no_weights": {}, "exactness": {},
-                    "timed": {}, "costs": {}, "dtype_rule": {}, "batching": {}, "parts": {}}
+                    "timed": {}, "costs": {}, "dtype_rule": {}, "batching": {}, "parts": {},
+                    "provenance": provenance("python -m tr_core.bench.gpu_check", argv)}
 
     def save():
         report["seconds"] = round(time.perf_counter() - started, 1)
@@ -481,7 +485,7 @@ def run_check(model: str | None = None, device: str | None = None, shapes: str =
         from .random_models import random_model
 
         holder["big"] = bare(random_model(config, dev, torch.bfloat16, sharpen=1.0),
-                             f"random Llama-3-8B shapes" if shapes == "7b" else "random small GQA Llama")
+                             "random Llama-3-8B shapes" if shapes == "7b" else "random small GQA Llama")
         return check_costs(holder["big"], shapes, repeats,
                            {k: v for k, v in measured.items() if k in ("tr:paper-80", "tr", "tr (auto)")})
     part("costs", costs)
@@ -610,7 +614,7 @@ def main(argv: list[str] | None = None, parts=None) -> int:
                            args.prompts_file, args.limit, args.timed_tokens, args.timed_dtype, args.random_prompts,
                            args.random_tokens, not args.no_batching, parts,
                            families=args.families.split(",") if args.families else None,
-                           timed_prompts=args.timed_prompts)
+                           timed_prompts=args.timed_prompts, argv=argv)
     except (PiecesError, DeviceError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

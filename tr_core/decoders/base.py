@@ -84,7 +84,8 @@ class ForwardRequest:
     holding ``past`` entries that the forward appends to.  ``draft`` is the decoder's own record of
     what it drafted, ``clock`` times its phases, ``started`` (``time.perf_counter()``) when the step
     began.  ``batch``, ``batch_tokens``: the requests and query tokens of the forward that ran it, where
-    it was shared with other requests (tr_core.batching)."""
+    it was shared with other requests (tr_core.batching).  ``rows``: the positions whose logits the
+    step needs (a prefill's few), the output head run there alone; None: every position."""
 
     input_ids: torch.Tensor
     position_ids: torch.Tensor
@@ -96,6 +97,7 @@ class ForwardRequest:
     started: float = 0.0
     batch: int = 1  # requests in the forward that ran it (tr_core.batching), and their query tokens
     batch_tokens: int = 0
+    rows: torch.Tensor | None = None  # [r] CPU long: the positions whose logits are wanted (None: all)
 
 
 @torch.inference_mode()
@@ -114,8 +116,9 @@ def run_forward(lm: LoadedModel, request: ForwardRequest) -> torch.Tensor:
     """The forward phase of a step: ``logits [q, vocab]`` for ``request``'s inputs, timed on its
     clock as ``"forward"`` (the planners read that time; a caller running several requests' forwards
     at once times the phase on each request's clock)."""
+    keep = request.rows.to(request.input_ids.device) if request.rows is not None else 0
     with request.clock.phase("forward"):
-        return model_forward(lm, request.input_ids, request.position_ids, request.attention_mask, request.cache)
+        return model_forward(lm, request.input_ids, request.position_ids, request.attention_mask, request.cache, keep)
 
 
 class Decoder(ABC):
@@ -141,6 +144,13 @@ class Decoder(ABC):
     # ---- the interface ------------------------------------------------------------------
     def start(self, prompt_ids) -> None:
         """Validate the prompt, reset per-request state and prefill all prompt tokens but the last."""
+        if self.prepare_start(prompt_ids):
+            self.prefill(torch.tensor(self.prompt[:-1], device=self.lm.device))
+
+    def prepare_start(self, prompt_ids) -> bool:
+        """:meth:`start` without its forward: the prompt checked, per-request state reset, the KV cache
+        empty; whether the prompt still needs its prefill (more than one token): :meth:`prefill`, or
+        :meth:`prefill_request` and :meth:`finish_prefill` where the forward is shared."""
         ids = [int(t) for t in (prompt_ids.tolist() if torch.is_tensor(prompt_ids) else prompt_ids)]
         if not ids:
             raise DecodeError("The prompt is empty.")
@@ -155,23 +165,24 @@ class Decoder(ABC):
         self.sampler = Sampler(self.sampling, self.lm.device) if self.sampling is not None else None
         self.cache = self.lm.new_cache()
         self._done = False
-        device = self.lm.device
-        if len(ids) > 1:
-            prefix = torch.tensor(ids[:-1], device=device)
-            self.prefill(prefix)
-        self.last = torch.tensor(ids[-1], device=device)
+        self.last = torch.tensor(ids[-1], device=self.lm.device)
+        return len(ids) > 1
+
+    def prefill_request(self) -> ForwardRequest:
+        """The prefill as a forward request: every prompt token but the last, causal, the logits of
+        the last position alone (``rows``)."""
+        ids = torch.tensor(self.prompt[:-1], device=self.lm.device)[None]  # [1, L]
+        return self.new_request(ids, self.next_positions(ids), rows=torch.tensor([ids.shape[1] - 1]))
+
+    def finish_prefill(self, logits: torch.Tensor) -> None:
+        """What the prefill's ``logits [rows, vocab]`` (of :meth:`prefill_request`) are used for: nothing here."""
 
     @torch.inference_mode()
-    def step(self, forwards=None) -> Step:
-        """Exactly one verification forward; returns its trace record.  ``forwards(lm, requests) ->
-        logits`` runs the forward (default: alone; a ``tr_core.batching.Batcher``'s ``run`` shares it
-        with other decoders' steps)."""
+    def step(self) -> Step:
+        """Exactly one verification forward; returns its trace record (:meth:`prepare_step`, the
+        forward, :meth:`finish_step`: a caller sharing forwards between decoders runs the three itself)."""
         request = self.prepare_step()
-        if forwards is None:
-            logits = run_forward(self.lm, request)  # [q, vocab]
-        else:
-            logits = forwards(self.lm, [request])[0]
-        return self.finish_step(request, logits)
+        return self.finish_step(request, run_forward(self.lm, request))  # logits [q, vocab]
 
     @abstractmethod
     def prepare_step(self) -> ForwardRequest:
@@ -182,11 +193,12 @@ class Decoder(ABC):
         """The step's second half, given the forward's ``logits [q, vocab]``: verify, commit, record."""
 
     def new_request(self, input_ids: torch.Tensor, position_ids: torch.Tensor, attention_mask=None,
-                    clock: PhaseClock | None = None, draft=None, started: float | None = None) -> ForwardRequest:
+                    clock: PhaseClock | None = None, draft=None, started: float | None = None,
+                    rows: torch.Tensor | None = None) -> ForwardRequest:
         """A request over this decoder's cache for ``input_ids [1, q]`` at ``position_ids [1, q]``."""
         return ForwardRequest(input_ids, position_ids, attention_mask, self.cache, self.cache_length,
                               clock or PhaseClock(self.lm.device), draft,
-                              time.perf_counter() if started is None else started)
+                              time.perf_counter() if started is None else started, rows=rows)
 
     @property
     def done(self) -> bool:

@@ -104,6 +104,22 @@ class PaperTokenRecycling(TreeDecoder):
                 self.matrix.seed_from_prompt(prompt[rows], head(hidden[rows]),
                                              None if before is None else before[s:s + chunk])
 
+    def prefill_request(self) -> ForwardRequest:
+        """The prefill as a forward request, as :meth:`prefill` runs it: the whole prompt, the logits
+        of the positions whose rows are recycled (``rows``; :meth:`finish_prefill` writes them)."""
+        prompt = torch.tensor(self.prompt, device=self.lm.device)
+        positions, _ = self.seed_positions(prompt)
+        return self.new_request(prompt[None], self.next_positions(prompt[None]), rows=positions.cpu())
+
+    def finish_prefill(self, logits: torch.Tensor) -> None:
+        """The last prompt token's KV entry cropped (step 1's root) and the prompt's ``logits [u, vocab]``
+        (at ``seed_positions``) recycled into ``M``, as :meth:`prefill` does."""
+        self.cache.crop(-1)
+        prompt = torch.tensor(self.prompt, device=self.lm.device)
+        positions, before = self.seed_positions(prompt)
+        with torch.inference_mode():
+            self.matrix.seed_from_prompt(prompt[positions], logits, before)
+
     def seed_positions(self, prompt: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The prompt positions whose logits are recycled, ``[u]``: where the last write wins, only
         each token's last occurrence can survive, so the head runs there alone (the same ``M`` for

@@ -66,14 +66,15 @@ class ProgressiveTreeDecoder(TreeDecoder):
         self.forest = DraftForest(self.config)
         self.tries = CandidateTries(self.config.trie_nodes, self.config.ngram)
 
-    def start(self, prompt_ids) -> None:
-        """Prefill as usual; the draft tree is seeded from the prompt; the tries start empty, or
+    def prepare_start(self, prompt_ids) -> bool:
+        """As every decoder; the draft tree is seeded from the prompt; the tries start empty, or
         (``harvest_context``) with the prompt's n-grams."""
-        super().start(prompt_ids)
+        reads = super().prepare_start(prompt_ids)
         self.forest.seed(self.prompt)
         self.tries = CandidateTries(self.config.trie_nodes, self.config.ngram)
         if self.config.harvest_context:
             self.harvest_text(len(self.prompt) - 1)
+        return reads
 
     # ---- the step: draft | forward | verify, plan, expand, prune, record, harvest ----------
     def draft(self, clock: PhaseClock) -> ProgressiveState:
@@ -103,7 +104,7 @@ class ProgressiveTreeDecoder(TreeDecoder):
             self.harvest_text(len(step.committed))
         if self.planner is not None:
             self.planner.record_host(state.size, time.perf_counter() - request.started
-                                     - request.clock.seconds["forward"])
+                                     - request.clock.seconds["forward"] - request.clock.seconds.get("queue", 0.0))
         return step
 
     def plan(self, state: ProgressiveState, request: ForwardRequest) -> None:

@@ -335,11 +335,11 @@ class TokenRecyclingDecoder(PaperTokenRecycling):
         deepest = self.planner.universe.depth if self.planner is not None else self.tree.depth
         self.lookahead = max(deepest, self.lookup) + 1
 
-    def start(self, prompt_ids) -> None:
+    def prepare_start(self, prompt_ids) -> bool:
         """As every decoder; the planner (shared across requests) forgets the previous text's state."""
         if self.planner is not None:
             self.planner.begin_text()
-        super().start(prompt_ids)
+        return super().prepare_start(prompt_ids)
 
     def seed_positions(self, prompt: torch.Tensor):
         return self.rows.seed_positions(prompt)
