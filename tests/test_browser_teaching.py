@@ -100,7 +100,10 @@ def test_a_class_session(browser, launched, tmp_path):  # noqa: F811
     (tmp_path / "foreign.json").write_text('{"hello": "world"}')
     open_run_file(page, tmp_path / "foreign.json")
     expect(page.locator("#status")).to_contain_text("not a run file", timeout=30_000)
-    # 8: Run to end becomes Stop; Step disabled meanwhile; Stop and Reset are clean
+    # 8: Run to end becomes Stop; Step disabled meanwhile; Stop and Reset are clean (on a live run: the
+    # opened run's three recorded steps could be walked through before Stop is pressed)
+    page.locator("#reset").click()
+    expect(page.locator("#status")).to_contain_text("Reset.", timeout=30_000)
     page.locator("#run").click()
     expect(page.locator("#stop")).to_be_visible(timeout=10_000)
     expect(page.locator("#step")).to_be_disabled()
