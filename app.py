@@ -15,6 +15,7 @@ import gradio as gr
 
 from components.compare import CompareSteps, compare_handler
 from components.handlers import Handlers, gpu_wrapped, ui_running
+from components.memory import set_aside_long_lived
 from components.model_hub import ModelHub
 from components.recorded import Recorder, load_at_start_up
 from components.run_files import RunFiles, example_choices
@@ -75,8 +76,11 @@ def build_app(hub: ModelHub, cap: int = 256, default_tokens: int = PAGE_TOKENS, 
     h = Handlers(hub, cap, matrix_path, on_session_end,
                  record=gpu_task(duration=recorder.record_seconds)(recorder.record) if recorder else None,
                  one_thread=batch_tabs <= 1)
+    def end_session(sess) -> None:  # a function, which a copy shares: Gradio copies the app's config for
+        h.end_session(sess)  # every page and client, and a bound method's copy would copy the model's weights
+
     with gr.Blocks(title="Token Recycling, step by step") as demo:
-        session = gr.State(None, time_to_live=3600, delete_callback=h.end_session)
+        session = gr.State(None, time_to_live=3600, delete_callback=end_session)
         kept = gr.BrowserState(None, storage_key="token-recycling-tab")  # the tab's prompt, settings and run
         intro = gr.HTML(INTRO, elem_id="intro")
         with gr.Tabs():
@@ -378,6 +382,7 @@ def serve(demo: gr.Blocks, host: str = "127.0.0.1", port: int = 7860, queue_size
     No run history: the browser would keep every step's outputs (the figures) in its storage, re-reading and
     re-writing all of them at each step, which kept a core busy while the next step was timed."""
     demo.queue(max_size=queue_size)
+    set_aside_long_lived()  # the libraries and the app: a closed tab's collection walks only its own objects
     return demo.launch(server_name=host, server_port=port, css=(ASSETS / "style.css").read_text(),
                        js=(Path(__file__).with_name("components") / "keyboard.js").read_text(),
                        show_error=False, share=False, run_history=False, **launch_kw)

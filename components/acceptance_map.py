@@ -9,6 +9,7 @@ import plotly.graph_objects as go
 
 from tr_core.trace import Step
 
+from .figures import figure, scatter
 from .tree_plot import edge_trace, note, panel_layout, tree_layout
 
 LEGEND = ("colour = accepted ÷ drafted (white 0% → green 100%)<br>size = how often drafted · hover: the rank path<br>"
@@ -42,7 +43,7 @@ def acceptance_figure(steps: list[Step], upto: int) -> go.Figure:
     layout = panel_layout(f"Acceptance map, steps 1–{upto}:<br>how often each node was accepted",
                           PTD_LEGEND if ptd else LEGEND, "acceptance")
     if not counts:
-        return go.Figure(layout=dict(layout, annotations=[
+        return figure(layout=dict(layout, annotations=[
             note("No tree steps yet (greedy and prompt lookup draft no matrix tree)", 13)]))
     paths = [()] + sorted(counts, key=lambda p: (len(p), p))
     index = {p: i for i, p in enumerate(paths)}
@@ -51,7 +52,7 @@ def acceptance_figure(steps: list[Step], upto: int) -> go.Figure:
     pos = tree_layout(parents, depths)
     most = max(c[0] for c in counts.values())
     rates = [1.0] + [counts[p][1] / counts[p][0] for p in paths[1:]]
-    nodes = go.Scatter(
+    nodes = scatter(
         x=[pos[i][0] for i in range(len(paths))], y=[pos[i][1] for i in range(len(paths))], mode="markers+text",
         text=["root"] + [f"{r:.0%}" if r >= 0.2 else "" for r in rates[1:]], textposition="bottom center",
         textfont=dict(size=9),
@@ -61,7 +62,7 @@ def acceptance_figure(steps: list[Step], upto: int) -> go.Figure:
                               for i, p in enumerate(paths[1:])], hoverinfo="text")
     layout["yaxis"] = dict(layout["yaxis"], range=[-max(depths) - 0.8, 0.45])
     edges = edge_trace([(pos[parents[i]], pos[i]) for i in range(1, len(paths))], "#dde1e6", 1)
-    return go.Figure(data=[edges, nodes], layout=layout)
+    return figure(data=[edges, nodes], layout=layout)
 
 
 def acceptance_words(steps: list[Step], upto: int) -> str:

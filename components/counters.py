@@ -5,6 +5,8 @@ import html
 
 import plotly.graph_objects as go
 
+from .figures import bar, figure, scatter
+
 
 # Beside the figure, on the first screen, in one line: the ★ is counted.
 MAT_SAYS = "(mean accepted tokens, ★ included; greedy: {greedy:.2f})"
@@ -74,15 +76,15 @@ def charts_figure(accepted_lengths: list[int], speedups: list[float], max_len: i
     run to one past the longest step seen (at least 7), never past ``max_len``, the most one step can commit."""
     max_len = min(max_len, max(7, max(accepted_lengths, default=0) + 1))  # up to the longest seen, not all possible
     counts = [accepted_lengths.count(i) for i in range(1, max_len + 1)]
-    bars = go.Bar(x=list(range(1, max_len + 1)), y=counts, marker_color="#2e9d4f", xaxis="x", yaxis="y",
+    bars = bar(x=list(range(1, max_len + 1)), y=counts, marker=dict(color="#2e9d4f"), xaxis="x", yaxis="y",
                   hovertemplate="%{y} steps committed %{x} tokens<extra></extra>")
-    line = go.Scatter(x=list(range(1, len(speedups) + 1)), y=speedups, xaxis="x2", yaxis="y2",
+    line = scatter(x=list(range(1, len(speedups) + 1)), y=speedups, xaxis="x2", yaxis="y2",
                       mode="lines+markers" if len(speedups) < 3 else "lines", line=dict(color="#1f4e99"),
                       hovertemplate="step %{x}: %{y:.2f}×<extra></extra>")
     whole = lambda top: dict(tick0=0, dtick=max(1, -(-top // 6)), tickformat="d")  # noqa: E731  (counts: no 0.5 ticks)
     axis_title = lambda text: dict(text=text, font=dict(size=11))  # noqa: E731
     left, right = [0.0, 0.43], [0.57, 1.0]  # two plots, 0.14 of the width apart
-    return go.Figure(data=[bars, line], layout=dict(
+    return figure(data=[bars, line], layout=dict(
         height=250, margin=dict(l=10, r=10, t=42, b=10), showlegend=False, plot_bgcolor="white", uirevision="charts",
         xaxis=dict(anchor="y", domain=left, title=axis_title("tokens committed in one step"),  # ticks one can tell apart
                    dtick=1 if max_len <= 12 else (2 if max_len <= 24 else 5)),

@@ -5,6 +5,7 @@ import plotly.graph_objects as go
 
 from tr_core.trace import RowUpdate, Step
 
+from .figures import figure, heatmap
 from .tokens import visible
 from .tree_plot import HEIGHT, heading, note, top_margin
 
@@ -43,7 +44,7 @@ def heatmap_figure(step: Step | None, token_text, frame: int = 0, picked: list[i
         title, key = (("No matrix for this method", "The matrix M is Token Recycling's: shown when TR runs")
                       if step is not None and step.method != "tr" else  # no TR words under another method
                       ("The matrix M: each token's k candidates", legend(frame)))
-        return go.Figure(layout=dict(matrix_layout(title, key), xaxis=dict(visible=False), yaxis=dict(visible=False),
+        return figure(layout=dict(matrix_layout(title, key), xaxis=dict(visible=False), yaxis=dict(visible=False),
                                      annotations=[note(words.get(step.method, "No rows written yet") if step else
                                                        "No rows yet: press Step.<br>" + EMPTY_START, 13)]))
     guessing = frame in (1, 2)  # Teach mode before the verdict: nothing may tell which path is accepted
@@ -58,7 +59,7 @@ def heatmap_figure(step: Step | None, token_text, frame: int = 0, picked: list[i
         hover.append(hr)
         ylabels.append(f"{'▶ ' if r.token in path_tokens else ''}{visible(token_text(r.token), 12)} ·{r.token}")
     k = len(shown[0].new)
-    cells = go.Heatmap(z=z, x=[f"#{j}" for j in range(k)], y=list(range(len(shown))), text=text,
+    cells = heatmap(z=z, x=[f"#{j}" for j in range(k)], y=list(range(len(shown))), text=text,
                        texttemplate="%{text}", textfont=dict(size=10), hovertext=hover, hoverinfo="text",
                        zmin=0, zmax=3, colorscale=SCALE, showscale=False, xgap=1, ygap=1)
     outlines = [dict(type="rect", x0=-0.5, x1=k - 0.5, y0=n - 0.5, y1=n + 0.5, line=dict(color="#d0455b", width=3))
@@ -70,10 +71,10 @@ def heatmap_figure(step: Step | None, token_text, frame: int = 0, picked: list[i
     title = (f"The matrix M: the {len(rows)} row{'s' * (len(rows) != 1)} of this step's tree{more}" if before else
              f"The matrix M: {len(rows)} row{'s' * (len(rows) != 1)} written{more or ' this step'}{empties}")
     layout = matrix_layout(title, legend(frame))
-    layout.update(shapes=outlines, xaxis=dict(side="top"),
+    layout.update(xaxis=dict(side="top"), **({"shapes": outlines} if outlines else {}),
                   yaxis=dict(tickmode="array", tickvals=list(range(len(shown))), ticktext=ylabels,
                              range=[rows_tall(layout, len(shown)) - 0.5, -0.5], tickfont=dict(size=10)))
-    return go.Figure(data=[cells], layout=layout)
+    return figure(data=[cells], layout=layout)
 
 
 def matrix_layout(title: str, key: str) -> dict:

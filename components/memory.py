@@ -30,3 +30,25 @@ def release_freed_memory() -> bool:
         return False
     libc.malloc_trim(0)
     return True
+
+
+def set_aside_long_lived() -> int:
+    """Collect, then set every object alive now (the libraries, the app, the loaded model) aside from
+    Python's collector (``gc.freeze``); returns how many.  A full collection then walks only what came
+    later (the sessions' objects): where it walked half a million objects in about 0.3 s on a 2-core
+    Xeon, holding every thread of the server (at each closed tab's release, and at Python's own full
+    collections), it takes well under a millisecond.  A server calls this once it has started and once
+    its model is loaded; :func:`collect_all` looks at them again (a model freed)."""
+    gc.collect()
+    gc.freeze()
+    return gc.get_freeze_count()
+
+
+def collect_all() -> None:
+    """A full collection that also looks at what was set aside (a model is being freed), which is then
+    set aside again."""
+    frozen = gc.get_freeze_count()
+    gc.unfreeze()
+    gc.collect()
+    if frozen:
+        gc.freeze()

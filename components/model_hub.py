@@ -7,13 +7,14 @@ at start-up are served; nothing is ever loaded inside a GPU call, whose memory i
 """
 from __future__ import annotations
 
-import gc
 import re
 import threading
 from pathlib import Path
 
 from tr_core.devices import release_device_memory
 from tr_core.models import EMBEDDED, LoadedModel, ModelLoadError, load_model
+
+from .memory import collect_all
 
 
 HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
@@ -95,7 +96,7 @@ class ModelHub:
             for forget in self.on_evict:
                 forget(lm)
             del lm
-        gc.collect()
+        collect_all()
         release_device_memory()
 
     def loaded(self) -> list[str]:

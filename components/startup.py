@@ -24,6 +24,8 @@ from tr_core.devices import describe_machine, precision_words
 from tr_core.cost import COST_LENGTHS, time_forwards
 from tr_core.planner import CostCurve, cost_curve_for
 
+from .memory import set_aside_long_lived
+
 
 CURVE_FORMAT = 3  # 2: the cache part (per_cache, prefix) is kept too; 3: and the fixed cache part
 
@@ -154,6 +156,7 @@ def warm_up(hub, progress, curve_on_gpu=None) -> str:
         timed = ("timed again just now, since the kept timing no longer matched this machine's forwards"
                  if stale else "timed just now, kept for restarts")
     how = f"the draft tree's size is planned from how long the model took on this machine ({timed})"
+    set_aside_long_lived()  # the model too, now loaded (components.memory)
     progress((2, 2), desc="Ready")
     why = f"; {lm.dtype_reason}" if lm.dtype_reason and not lm.dtype_reason.startswith("float32: the default") else ""
     return (f"Ready: {lm.name} on {describe_device(lm)} ({precision_words(lm.dtype)}{why}; your prompt goes "

@@ -5,6 +5,7 @@ import plotly.graph_objects as go
 
 from tr_core.trace import Step
 
+from .figures import figure, scatter
 from .tokens import visible
 from .tree_labels import Frame, Mark, frame_for, place_labels
 
@@ -55,7 +56,7 @@ def panel_layout(title: str, legend: str, uirevision: str, height: int = TREE_HE
 def heading(title: str, legend: str) -> dict:
     """A title over legend lines, each short enough for a phone's width."""
     return dict(text=f"{title}<br><span style='font-size:11px;color:#555'>{legend}</span>", x=0.01, y=0.97,
-                yanchor="top", font_size=13)
+                yanchor="top", font=dict(size=13))
 
 
 def top_margin(title: str, legend: str, least: int) -> int:
@@ -65,16 +66,17 @@ def top_margin(title: str, legend: str, least: int) -> int:
 
 def note(text: str, size: int) -> dict:
     """A line of words in the middle of an empty panel (a layout annotation)."""
-    return dict(text=text, showarrow=False, font_size=size)
+    return dict(text=text, showarrow=False, font=dict(size=size))
 
 
-def edge_trace(edges, color: str, width: float, dash: str | None = None) -> go.Scatter:
+def edge_trace(edges, color: str, width: float, dash: str | None = None) -> dict:
     """One line trace for many ``((x0, y0), (x1, y1))`` edges."""
     xs, ys = [], []
     for a, b in edges:
         xs += [a[0], b[0], None]
         ys += [a[1], b[1], None]
-    return go.Scatter(x=xs, y=ys, mode="lines", hoverinfo="skip", line=dict(color=color, width=width, dash=dash))
+    line = dict(color=color, width=width, **({"dash": dash} if dash else {}))
+    return scatter(x=xs, y=ys, mode="lines", hoverinfo="skip", line=line)
 
 
 # legend lines of at most about 55 characters: they fit a phone's width (390 px)
@@ -130,7 +132,7 @@ def tree_figure(step: Step | None, token_text, title: str = "", frame: int = 0, 
     accept, recycle.  ``picked``: a node to ring (clicked).  Each node carries its index as customdata."""
     layout = panel_layout(title or "Draft tree", tree_legend(step, frame), "tree")
     if step is None:
-        return go.Figure(layout=dict(layout, annotations=[note("Enter a prompt and press Step", 16)]))
+        return figure(layout=dict(layout, annotations=[note("Enter a prompt and press Step", 16)]))
     show_path = frame in (0, 3, 4)  # Teach mode's frames 1-2 tell nothing of the verdict, not even by a gap
     pos, star, spots = _positions(step, show_path and bool(step.committed))
     sources = step.tree.sources or ["root"] + ["matrix"] * step.tree.size
@@ -142,10 +144,10 @@ def tree_figure(step: Step | None, token_text, title: str = "", frame: int = 0, 
     if show_path and star is not None:
         traces += _bonus_traces(step, token_text, pos[step.accepted_path[-1]], star, sides.get(len(pos)))
     if step.sampled and show_path and len(step.accepted_path) > 1:  # the draw at each level, on the path it chose
-        traces.append(go.Scatter(x=[pos[i][0] for i in step.accepted_path[1:]],
+        traces.append(scatter(x=[pos[i][0] for i in step.accepted_path[1:]],
                                  y=[pos[i][1] for i in step.accepted_path[1:]], mode="markers", hoverinfo="skip",
-                                 marker=dict(size=26, symbol="circle-open", color=COLORS["bonus"], line_width=2)))
-    return go.Figure(data=traces, layout=layout)
+                                 marker=dict(size=26, symbol="circle-open", color=COLORS["bonus"], line=dict(width=2))))
+    return figure(data=traces, layout=layout)
 
 
 def framed(layout: dict, marks: list[Mark]) -> Frame:
@@ -234,7 +236,7 @@ def _sides(marks: list[Mark], parents: list[int], per_row: dict, rows: list[int]
     return prefer
 
 
-def _edges(step: Step, pos: dict, show_path: bool) -> list[go.Scatter]:
+def _edges(step: Step, pos: dict, show_path: bool) -> list[dict]:
     """Grey edges, and the accepted path's in green once it is known."""
     parents, path = step.tree.parents, step.accepted_path
     shown = set(path) if show_path else set()
@@ -244,16 +246,16 @@ def _edges(step: Step, pos: dict, show_path: bool) -> list[go.Scatter]:
     return [grey, edge_trace([(pos[a], pos[b]) for a, b in zip(path, path[1:])], COLORS["accepted"], 4)]
 
 
-def _blank_leaves(step: Step, token_text, pos: dict, spot: dict) -> list[go.Scatter]:
+def _blank_leaves(step: Step, token_text, pos: dict, spot: dict) -> list[dict]:
     """One hollow ∅ leaf, on a dotted edge, under each node whose children were left out (its row was still
     empty, ``Step.blank_under``): the places the tree shape had there, sent to no forward."""
     under = list(spot)
     if not under:
         return []
-    return [edge_trace([(pos[i], spot[i]) for i in under], EMPTY_COLOR, 1, "dot"), go.Scatter(
+    return [edge_trace([(pos[i], spot[i]) for i in under], EMPTY_COLOR, 1, "dot"), scatter(
         name="left out", x=[spot[i][0] for i in under], y=[spot[i][1] for i in under], mode="markers+text",
         text=["∅"] * len(under), textposition="middle center", textfont=dict(size=10, color=EMPTY_COLOR),
-        marker=dict(size=17, symbol="circle-open", color=EMPTY_COLOR, line_width=1.5), cliponaxis=False,
+        marker=dict(size=17, symbol="circle-open", color=EMPTY_COLOR, line=dict(width=1.5)), cliponaxis=False,
         hovertext=[f"<b>∅ left out</b> under {visible(token_text(step.tree.tokens[i]), 30)}<br>the matrix had no "
                    "candidates after this token yet (its row was still empty, never written, when this step drafted),<br>so nothing was "
                    "drafted below it: the tree's places there are left out of the forward pass"
@@ -261,13 +263,13 @@ def _blank_leaves(step: Step, token_text, pos: dict, spot: dict) -> list[go.Scat
 
 
 def _node_traces(step: Step, token_text, marks: list[Mark], kinds, sources, picked, frame: int,
-                 sides: dict) -> list[go.Scatter]:
+                 sides: dict) -> list[dict]:
     """The tree's nodes, dim ones first (drawn under the others); a label where ``sides`` places it; a ring
     round the ``picked`` one."""
     order = sorted(range(len(kinds)), key=lambda j: kinds[j] in ("accepted", "root", "match"))
     styles = [_style(kinds[j], sources[j]) for j in order]
     faded = [kinds[j] in ("rejected", "miss", "moot") for j in order]
-    traces = [go.Scatter(
+    traces = [scatter(
         x=[marks[j].x for j in order], y=[marks[j].y for j in order], mode="markers+text", customdata=order,
         text=[marks[j].text if j in sides else "" for j in order],
         textposition=[sides.get(j, "bottom center") for j in order],
@@ -276,8 +278,8 @@ def _node_traces(step: Step, token_text, marks: list[Mark], kinds, sources, pick
                     line=dict(width=1.5, color=[s[0] for s in styles]), opacity=[0.6 if f else 1.0 for f in faded]),
         hovertext=[_hover(step, j, token_text, sources, frame) for j in order], hoverinfo="text")]
     if picked is not None and 0 <= picked < len(kinds):
-        traces.append(go.Scatter(x=[marks[picked].x], y=[marks[picked].y], mode="markers", hoverinfo="skip",
-                                 marker=dict(size=30, symbol="circle-open", color="#d0455b", line_width=3)))
+        traces.append(scatter(x=[marks[picked].x], y=[marks[picked].y], mode="markers", hoverinfo="skip",
+                                 marker=dict(size=30, symbol="circle-open", color="#d0455b", line=dict(width=3))))
     return traces
 
 
@@ -307,11 +309,11 @@ def _hover(step: Step, i: int, token_text, sources, frame: int = 0) -> str:
             "<br>click: show its matrix rows")
 
 
-def _bonus_traces(step: Step, token_text, end: tuple, star: tuple, side: str | None) -> list[go.Scatter]:
+def _bonus_traces(step: Step, token_text, end: tuple, star: tuple, side: str | None) -> list[dict]:
     """The ★ of the model's own token, on a dotted edge from the accepted path's end ``end``; its label at
     ``side`` (none when no side was clear)."""
     bonus = step.model_choices[step.accepted_path[-1]]
-    return [edge_trace([(end, star)], COLORS["bonus"], 3, "dot"), go.Scatter(
+    return [edge_trace([(end, star)], COLORS["bonus"], 3, "dot"), scatter(
         name="model's own", x=[star[0]], y=[star[1]], mode="markers+text", cliponaxis=False,
         text=[visible(token_text(bonus), 10) if side else ""], textposition=side or "bottom center",
         textfont=dict(size=11, color="#6b4e00"), marker=dict(size=18, symbol="star", color=COLORS["bonus"]),
@@ -331,7 +333,7 @@ def draft_figure(step: Step | None, token_text, title: str = "") -> go.Figure:
     layout = panel_layout(title or "PTD's draft tree", DRAFT_LEGEND, "draft")
     d = step.draft_tree if step is not None else None
     if d is None or len(d.tokens) < 2:
-        return go.Figure(layout=dict(layout, annotations=[note(
+        return figure(layout=dict(layout, annotations=[note(
             "Choose the PTD method to see its evolving draft tree" if d is None else "The draft tree is empty", 14)]))
     pos = tree_layout(list(d.parents), list(d.depths))
     fates = list(d.sources)
@@ -342,13 +344,13 @@ def draft_figure(step: Step | None, token_text, title: str = "") -> go.Figure:
     words = {"root": "the step's root: first-level branches sit at its position",
              "kept": "kept from earlier steps", "new": "the model's argmax, attached this step",
              "pruned": "pruned this step (depth stepping or the root window)"}
-    nodes = go.Scatter(
+    nodes = scatter(
         x=[pos[i][0] for i in range(len(d.tokens))], y=[pos[i][1] for i in range(len(d.tokens))],
-        mode="markers+text", text=[m.text if i in sides else "" for i, m in enumerate(marks)], textfont_size=11,
+        mode="markers+text", text=[m.text if i in sides else "" for i, m in enumerate(marks)], textfont=dict(size=11),
         textposition=[sides.get(i, "bottom center") for i in range(len(marks))],
         marker=dict(size=[20 if f == "root" else 13 for f in fates], color=[FATE_COLORS[f] for f in fates],
                     symbol=["x" if f == "pruned" else "circle" for f in fates], line=dict(width=1, color="white")),
         hovertext=[f"<b>{visible(token_text(t), 30)}</b> (id {t}), depth {dep}<br>{words[f]}"
                    for t, dep, f in zip(d.tokens, d.depths, fates)], hoverinfo="text")
     edges = edge_trace([(pos[p], pos[i]) for i, p in enumerate(d.parents) if p >= 0], "#dde1e6", 1)
-    return go.Figure(data=[edges, nodes], layout=layout)
+    return figure(data=[edges, nodes], layout=layout)

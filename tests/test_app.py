@@ -338,3 +338,16 @@ def test_where_the_matrix_came_from_is_data_and_its_note_is_derived(tiny_lm):
     assert ms.origin.kind is Origin.EMPTIED and ms.matrix.writes == 0
     shipped = MatrixOrigin(Origin.SHIPPED, carried=True, detail="warmed on 40 calibration prompts")
     assert shipped.note() == "hot start: a matrix warmed on 40 calibration prompts, then this tab's earlier prompts"
+
+
+def test_a_page_or_client_load_copies_no_weights(launched, monkeypatch):
+    """Gradio copies the app's config for every page and client that connects: nothing in it may lead
+    to the model (a bound method of the handlers once did, a copy of the weights per visitor)."""
+    from gradio import utils
+
+    copied = []
+    for cls in (torch.Tensor, torch.nn.Parameter):
+        original = cls.__deepcopy__
+        monkeypatch.setattr(cls, "__deepcopy__", lambda self, memo, _o=original: copied.append(1) or _o(self, memo))
+    utils.safe_deepcopy(launched[0].config)
+    assert not copied, f"{len(copied)} tensors copied with the app's config"

@@ -325,3 +325,27 @@ def test_kernel_command_times_every_size_per_kernel(tmp_path, tiny_lm, capsys):
     assert "plain" in data["seconds"] and all(len(v) == len(SIZES) for v in data["seconds"].values())
     assert set(data["fastest"].values()) <= set(data["seconds"])
     assert "fastest by size" in capsys.readouterr().out
+
+
+def test_a_class_decodes_every_prompt_as_generate_does_with_its_slots_always_full(tiny_lm):
+    """``--concurrency``'s decode: N slots in flight, each taking the next prompt when its sequence
+    ends; every finished sequence is greedy's, and a changed token is caught by the comparison."""
+    from tr_core.bench.classroom import ClassBench, agree, decode_class
+
+    from .conftest import reference_greedy
+
+    prompts = [[5, 9, 14], [30, 31, 32, 30, 31], [7, 8], [60, 2, 60, 2], [11]]
+    bench = ClassBench(tiny_lm, 12)
+    tr = decode_class(tiny_lm, bench.decoders("tr", 3), prompts, "tr", jobs=6)
+    assert len(tr.done) == 6 and tr.steps == 3 * tr.forwards and tr.seconds > 0
+    assert len(tr.outputs) > 6  # the slots still decoding when the sixth ended are counted too
+    for j in tr.done:
+        assert tr.outputs[j] == reference_greedy(tiny_lm, prompts[j % len(prompts)], 12), j
+    greedy = decode_class(tiny_lm, bench.decoders("greedy", 3), prompts, "greedy", jobs=6)
+    assert agree(tr, greedy)
+    shared = min(tr.done & greedy.done)
+    greedy.outputs[shared] = greedy.outputs[shared][:-1] + [greedy.outputs[shared][-1] + 1]
+    assert not agree(tr, greedy)
+    rows = bench.run(prompts, [1, 2], repeats=1, progress=lambda *_: None)
+    assert [r["n"] for r in rows] == [1, 2] and all(r["identical"] for r in rows)
+    assert rows[1]["methods"]["tr"]["batch_tokens"] > rows[1]["methods"]["greedy"]["batch_tokens"] >= 1.9

@@ -99,3 +99,30 @@ def test_before_the_verdict_the_tree_is_laid_out_alike_whichever_path_is_accepte
     for frame in (1, 2):
         assert nodes(one, frame) == nodes(other, frame)
     assert nodes(one, 3) != nodes(other, 3)  # once shown, the ★ hangs under the path's end
+
+
+def test_every_figure_drawn_is_what_plotly_validation_makes_of_it():
+    """The panels' figures skip plotly's validation (``components.figures``): each figure of the three
+    example runs, at every third step and the last (Teach mode's frames at the first three) and the empty state, is the same figure once validated, so no
+    property is misnamed, misplaced or left for plotly to expand (``font_size`` for ``font.size``)."""
+    import json
+    from pathlib import Path
+
+    import plotly.graph_objects as go
+
+    from components.panels import draw_panels
+    from components.run_view import RunView
+    from tr_core.runs import read_run
+
+    checked = 0
+    views = [None] + [RunView.of_run(read_run(p.read_text())) for p in sorted(Path("assets/runs").glob("*.json"))]
+    for view in views:
+        last = len(view.steps) if view else 0
+        for n in ([None] if view is None else [n for n in range(1, last + 1) if n <= 3 or n % 3 == 0 or n == last]):
+            for frame in ((0,) if view is None or n > 3 else (0, 1, 2, 3, 4)):  # Teach frames: steps 1-3
+                for fig in draw_panels(view, n, frame, picked=0 if frame == 0 else None):
+                    if isinstance(fig, go.Figure):
+                        drawn = json.loads(fig.to_json())
+                        assert json.loads(go.Figure(fig.to_dict()).to_json()) == drawn, (n, frame, drawn["layout"].get("title"))
+                        checked += 1
+    assert checked > 150

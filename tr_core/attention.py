@@ -53,14 +53,16 @@ def sdpa_shared_kv(module: torch.nn.Module, query: torch.Tensor, key: torch.Tens
 
 def packed_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                      mask: torch.Tensor, segments, dropout: float = 0.0, scaling: float | None = None,
-                     **kwargs) -> torch.Tensor:
+                     packed=None, **kwargs) -> torch.Tensor:
     """Several requests packed in one forward (:mod:`tr_core.batching`): each segment's queries
-    ``q0:q1`` attend to its own keys ``k0:k1`` alone, with its block of the mask (or none, where it
-    had none alone), exactly as its own forward would.  -> ``[1, Q, heads, d]``."""
+    ``q0:q1`` attend to its own keys alone (``packed.parts``: each request's cache after this layer's
+    update; else its slice ``k0:k1`` of ``key``/``value``), with its block of the mask (or none, where
+    it had none alone), exactly as its own forward would.  -> ``[1, Q, heads, d]``."""
     outs = []
-    for s in segments:
+    for i, s in enumerate(segments):
         own = mask[:, :, s.q0:s.q1, s.k0:s.k1] if s.masked else None
-        out, _ = sdpa_shared_kv(module, query[:, :, s.q0:s.q1], key[:, :, s.k0:s.k1], value[:, :, s.k0:s.k1], own,
+        keys, values = packed.parts[i] if packed is not None else (key[:, :, s.k0:s.k1], value[:, :, s.k0:s.k1])
+        out, _ = sdpa_shared_kv(module, query[:, :, s.q0:s.q1], keys, values, own,
                                 dropout=dropout, scaling=scaling, **kwargs)
         outs.append(out)
     return torch.cat(outs, dim=1)

@@ -10,10 +10,10 @@ tab's tokens::
         dec.finish_step(request, logits)
 
 Attention must not mix the tabs.  :class:`PackedCache` appends each request's new keys and values to
-that request's own cache and hands the layer their concatenation; the model's attention mask is block
-diagonal (each request's own mask in its block, everything else masked); and the project's attention
-(:mod:`tr_core.attention`) reads ``segments`` and attends each request's queries to its own keys alone,
-with the mask it would have had alone.  So every request's logits are those of its own forward: same
+that request's own cache; the model's attention mask is block diagonal (each request's own mask in its
+block, everything else masked); and the project's attention (:mod:`tr_core.attention`) reads
+``segments`` and attends each request's queries to its own cache's keys alone, with the mask it would
+have had alone.  So every request's logits are those of its own forward: same
 keys, same mask, same kernels, and linear-layer rows that do not depend on their neighbours (checked
 token for token against ``generate`` and against each decoder run alone, ``tests/test_batching.py``).
 
@@ -50,20 +50,20 @@ class Segment:
 
 class PackedCache(Cache):
     """Several requests' caches seen by the model as one: ``update`` appends each request's slice of
-    the new keys/values ``[1, kv_heads, Q, d]`` to its own cache and returns the concatenation of
-    the updated caches ``[1, kv_heads, sum(past + q), d]``, in request order."""
+    the new keys/values ``[1, kv_heads, Q, d]`` to its own cache and keeps each request's updated
+    keys/values in ``parts`` for the attention (:func:`tr_core.attention.packed_attention`, which the
+    forward hands this cache as ``packed``), so no layer copies every tab's cache into one tensor.
+    What it returns to the layer is only passed on to that attention, which reads ``parts`` instead."""
 
     def __init__(self, caches: list, spans: list[tuple[int, int]]):
         super().__init__(layers=[])
         self.caches, self.spans = caches, spans
+        self.parts: list[tuple[torch.Tensor, torch.Tensor]] = []
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
-        keys, values = [], []
-        for cache, (a, b) in zip(self.caches, self.spans):
-            k, v = cache.update(key_states[:, :, a:b], value_states[:, :, a:b], layer_idx, *args, **kwargs)
-            keys.append(k)
-            values.append(v)
-        return torch.cat(keys, dim=2), torch.cat(values, dim=2)
+        self.parts = [cache.update(key_states[:, :, a:b], value_states[:, :, a:b], layer_idx, *args, **kwargs)
+                      for cache, (a, b) in zip(self.caches, self.spans)]
+        return key_states, value_states
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return sum(cache.get_seq_length(layer_idx) for cache in self.caches)
@@ -92,7 +92,8 @@ def run_forwards(lm: LoadedModel, requests: list[ForwardRequest]) -> list[torch.
         for r in requests:
             clocks.enter_context(r.clock.phase("forward"))
         keep, spans = kept_rows(requests, segments, input_ids.device)
-        logits = model_forward(lm, input_ids, position_ids, masks, cache, keep, segments=tuple(segments))  # [R, vocab]
+        logits = model_forward(lm, input_ids, position_ids, masks, cache, keep, segments=tuple(segments),
+                               packed=cache)  # [R, vocab]
     # each its own rows (a view would keep every tab's logits alive for as long as one tab keeps its own)
     return [logits[a:b].clone() for a, b in spans]
 

@@ -1,7 +1,7 @@
 """Which attention each layer runs, read from the model's config: what a tree step must know to
 mask right, and which architectures a tree step cannot serve at all.
 
-Tree decoding keeps every layer's KV entries for the whole context (a full ``DynamicCache``): a
+Tree decoding keeps every layer's KV entries for the whole context (``tr_core.cache.new_cache``): a
 step appends a whole draft tree and then keeps only the accepted path, and a sliding-window layer
 that evicted old entries while the tree came in could not give them back.  The window is applied by
 the mask instead.  A node at position ``p`` (prefix length + depth) of a sliding layer with window
@@ -79,13 +79,6 @@ class AttentionLayout:
         parts = [f"sliding window {w}" if w else "full attention"
                  for t, w in sorted(self.windows.items(), key=lambda kv: kv[0] != "sliding_attention")]
         return " + ".join(parts)
-
-
-def new_cache():
-    """An empty cache for tree decoding: full ``DynamicLayer``s for every layer (module doc)."""
-    from transformers import DynamicCache
-
-    return DynamicCache()
 
 
 def attention_implementation(config, preferred: str) -> str:

@@ -15,7 +15,8 @@ from pathlib import Path
 import torch
 
 from .attention import register as register_attention
-from .layout import AttentionLayout, UnsupportedArchitecture, attention_implementation, new_cache
+from .cache import new_cache
+from .layout import AttentionLayout, UnsupportedArchitecture, attention_implementation
 from . import devices, gguf_cache
 from .devices import exact_float32
 from .prepack import prepack_available, prepack_linears
