@@ -28,7 +28,7 @@ from tr_core.models import EMBEDDED_LABEL
 from tr_core.trees import list_presets
 
 ASSETS = Path(__file__).with_name("assets")
-BATCH_TABS = 1  # tabs whose steps run alongside, their forwards shared (1: one step at a time, as before)
+BATCH_TABS = 16  # tabs whose steps run alongside, their forwards shared (1: one step at a time, all in one queue)
 MODEL_CHOICES = [EMBEDDED_LABEL, "Qwen/Qwen2.5-0.5B-Instruct", "meta-llama/Llama-3.2-1B-Instruct",
                  "lmsys/vicuna-7b-v1.3"]
 KEYS = ("Keys: <kbd>S</kbd> step <kbd>P</kbd> play <kbd>R</kbd> run/stop <kbd>N</kbd>/<kbd>B</kbd> next/previous "

@@ -24,7 +24,7 @@ from tr_core.models import ModelLoadError
 from .memory import release_freed_memory
 
 from .model_hub import ModelHub
-from .panels import draw_panels
+from .panels import PANELS, draw_panels
 from .session import COLD, METHODS, SHIPPED_MATRIX, Session, Settings, Superseded, UserError
 from .zerogpu import gpu_task
 
@@ -59,7 +59,8 @@ class Handlers:
         forwards shared), and each event's other torch work (drawing) runs serially on its own thread."""
         self.hub, self.cap, self.matrix_path, self.on_session_end = hub, cap, matrix_path, on_session_end
         self.record = record
-        self.live: dict[str, Session] = {}
+        self.live: dict[str, Session] = {}  # each tab's session, by Gradio's session hash
+        self._making = threading.Lock()  # a tab's first events, run alongside, make one session between them
         self.ready = False  # a start-up (the page-load handler) has ended, in success or not
         self._no_start_up = threading.Event()  # set while no start-up runs (steps wait for one that does)
         self._no_start_up.set()
@@ -93,18 +94,24 @@ class Handlers:
     # ---- sessions ---------------------------------------------------------------------------
     def session(self, sess: Session | None, request: gr.Request | None) -> Session:
         """The tab's session, made here on its first event, whichever that is (a Step, Teach mode, a
-        slider move): its own copy of the shipped matrix, or the server's file.  Off the model thread,
-        the event's torch work runs serially (``serial_torch_here``): a thread of its own with a team of
-        OpenMP workers would slow every forward of the model thread."""
+        slider move), and made once: a tab's first events may run alongside, before either has given
+        its state back, and each gets the same session.  It starts with its own copy of the shipped
+        matrix, or the server's file.  Off the model thread, the event's torch work runs serially
+        (``serial_torch_here``): a thread of its own with a team of OpenMP workers would slow every
+        forward of the model thread."""
         if not self.model_thread.here():
             serial_torch_here()
         if sess is not None:
             return sess
-        sess = Session.starting_from(self.matrix_path, str(SHIPPED_MATRIX))
-        sess.batcher = self.batcher
-        if request is not None and request.session_hash:
-            self.live[request.session_hash] = sess
-        return sess
+        key = request.session_hash if request is not None else None
+        with self._making:  # a Step and a Teach-mode click sent at once both find the one this tab has
+            if key and key in self.live:
+                return self.live[key]
+            sess = Session.starting_from(self.matrix_path, str(SHIPPED_MATRIX))
+            sess.batcher = self.batcher
+            if key:
+                self.live[key] = sess
+            return sess
 
     def end_session(self, sess: Session | None) -> None:
         for key in [key for key, s in self.live.items() if s is sess]:
@@ -165,6 +172,8 @@ class Handlers:
         """(session, *panels, history slider, status): status last, as the API has always had it.
         ``slider_value`` False: the slider keeps the value it has in the page (its own move drew this:
         a value sent back would pull a slider still moving back to where it was)."""
+        if sess.flight.drawn_later():  # the panels come with that event's draw (this one could reach the page last)
+            return (sess, *(gr.skip(),) * len(PANELS), gr.skip(), message or sess.message)
         view, c = sess.view(), sess.cursor
         count = len(view.steps) if view else 0
         shown = view.clamp(c.shown) if view else 0
@@ -200,10 +209,10 @@ class Handlers:
             return self.render(sess)
         try:
             s = Settings.from_inputs(settings)
-            with sess.flight.working():
-                self.advance(sess, prompt, s)
-            sess.cursor.frame = 1 if teach else 0
-            return self.render(sess)
+            with sess.flight.working():  # drawn before the turn is let go: a Phase ▶ pressed meanwhile
+                self.advance(sess, prompt, s)  # draws after it, from its first frame
+                sess.cursor.frame = 1 if teach else 0
+                return self.render(sess)
         except Exception as err:
             return self.failed(sess, err)
 
@@ -227,8 +236,8 @@ class Handlers:
         try:
             with sess.flight.working():
                 self.advance(sess, "", s)  # the empty box goes on with the borrowed prompt
-            sess.cursor.frame = 1 if teach else 0
-            return self.render(sess)
+                sess.cursor.frame = 1 if teach else 0
+                return self.render(sess)
         except Exception as err:
             return self.failed(sess, err)
 
@@ -313,13 +322,9 @@ class Handlers:
         """Teach mode's Next phase: retrieve → verify → accept → recycle, then the next step (``teach`` is
         not read: Phase ▶ walks the frames whatever the box says)."""
         sess = self.session(sess, request)
-        view, c = sess.view(), sess.cursor
-        if view is not None and 0 < c.frame < 4:
-            c.frame += 1
-            return self.render(sess)
-        if view is not None and view.clamp(c.shown) < len(view.steps):  # in the history: its next step
-            c.show(view.clamp(c.shown) + 1, frame=1)
-            return self.render(sess)
+        with sess.flight.working():  # a step of this tab still running is drawn first: its frames come next
+            if self.walk_a_frame(sess):
+                return self.render(sess)
         if sess.replay is not None:
             return self.render(sess, "The end of the replay: the history slider goes back; “Run its prompt live” "
                                      "runs it with the model.")
@@ -343,6 +348,19 @@ class Handlers:
                     gr.Button(visible=False))
         label = next((k for k, v in METHODS.items() if v == sess.replay.method), None)
         return label or gr.skip(), None if opened_file else gr.skip(), gr.skip(), gr.Button(visible=True)
+
+    @staticmethod
+    def walk_a_frame(sess: Session) -> bool:
+        """Phase ▶ within what is shown: the next frame of this step, or (in the history) the next step's
+        first; False where a new step is due."""
+        view, c = sess.view(), sess.cursor
+        if view is not None and 0 < c.frame < 4:
+            c.frame += 1
+            return True
+        if view is not None and view.clamp(c.shown) < len(view.steps):  # in the history: its next step
+            c.show(view.clamp(c.shown) + 1, frame=1)
+            return True
+        return False
 
     def prev_frame(self, sess: Session | None, request: gr.Request = None):
         sess = self.session(sess, request)

@@ -366,6 +366,8 @@ class InFlight:
 
     busy: int = 0  # steps in flight (Reset waits for them)
     turn: threading.Lock = field(default_factory=threading.Lock, repr=False)  # one step of this tab at a time
+    queued: int = 0  # this tab's events waiting for their turn: each draws after the one that has it
+    tally: threading.Lock = field(default_factory=threading.Lock, repr=False)  # guards ``queued``
     epoch: int = 0  # counts resets: a run set up across one is dropped
     stop: bool = False  # Stop or Reset pressed while a run holds the session
     running: object = None  # the run Run to end steps (its ticks never start another)
@@ -377,12 +379,22 @@ class InFlight:
     def working(self):
         """Marks a step in flight (Reset waits for it: :meth:`wait_idle`); the tab's steps run one at a
         time (other tabs' steps run alongside, their forwards shared: ``tr_core.batching``)."""
+        with self.tally:
+            self.queued += 1
         with self.turn:
+            with self.tally:
+                self.queued -= 1
             self.busy += 1
             try:
                 yield
             finally:
                 self.busy -= 1
+
+    def drawn_later(self) -> bool:
+        """Another event of this tab waits for its turn, and will draw the panels after this one: with tabs
+        side by side, two events of one tab run alongside and their outputs may reach the page in either
+        order, so only the last one's panels are sent."""
+        return self.queued > 0
 
     def wait_idle(self, timeout: float) -> bool:
         """Wait until no step of this tab is in flight (at most ``timeout`` seconds); True if none is."""

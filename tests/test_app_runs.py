@@ -12,8 +12,8 @@ from components.run_files import EXAMPLE_DIR, example_runs, open_run_bytes, run_
 from components.session import Session, UserError
 from tr_core.runs import RunFileError, read_run, record_run
 
-from .test_app import PROMPT, settings
 from .conftest import is_skip
+from .test_app import PROMPT, settings
 
 
 def stepped(hub, n=3, **kw) -> Session:  # noqa: F811
@@ -64,6 +64,43 @@ def test_example_runs_open_and_are_lossless():
         run = read_run((EXAMPLE_DIR / f"{name}.json").read_bytes())
         n = min(len(run.outputs["method"]), len(run.outputs["baseline"]))
         assert n > 0 and run.outputs["method"][:n] == run.outputs["baseline"][:n], name
+
+
+def test_phase_pressed_while_the_tabs_step_runs_walks_that_step_and_only_its_draw_shows(hub):  # noqa: F811
+    """Tabs side by side: two events of one tab run alongside, and their outputs may reach the page in either
+    order.  Phase ▶ pressed while the tab's Step still runs waits for it and walks that step's frames (no
+    second step); the Step's own draw then sends no panels, so a late arrival cannot draw over frame 2."""
+    import threading
+
+    from tr_core.models import EMBEDDED_LABEL
+
+    h = Handlers(hub, 256)
+    page = dict(model=EMBEDDED_LABEL, tree="paper-80", k=8, max_new_tokens=24, hot_start=True, lookup=False,
+                method="Token Recycling (TR)", temperature=0.0, top_p=1.0, seed=0, start="hot")
+    sess = h.teach_toggled(True, None)[0]
+    advance, stepped_once, go = h.advance, threading.Event(), threading.Event()
+
+    def slow(s, prompt, settings_):  # the step's forwards are done; Phase ▶ is pressed before it is drawn
+        advance(s, prompt, settings_)
+        stepped_once.set()
+        go.wait(60)
+    h.advance = slow
+    out = {}
+    step = threading.Thread(target=lambda: out.setdefault("step", h.step(None, sess, PROMPT, True, **page)))
+    step.start()
+    assert stepped_once.wait(120)
+    phase = threading.Thread(target=lambda: out.setdefault("phase", h.next_frame(None, sess, PROMPT, True, **page)))
+    phase.start()
+    deadline = time.monotonic() + 30
+    while not sess.flight.drawn_later() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    go.set()
+    step.join(60), phase.join(60)
+    h.advance = advance
+    assert len(sess.view().steps) == 1 and sess.cursor.frame == 2  # step 1's second frame, not a second step
+    assert all(is_skip(panel) for panel in out["step"][1:-1]), "the step's draw would land over frame 2"
+    assert "ph-now" in out["phase"][7] and "verify" in out["phase"][7].split("ph-now")[1][:40].lower()
+    assert "step 1 of 1" in out["phase"][-2].label
 
 
 def test_history_frames_and_linked_views(hub):  # noqa: F811
