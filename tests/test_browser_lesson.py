@@ -185,7 +185,8 @@ def test_compare_shows_progress_per_step_lets_another_tab_step_and_cancels(brows
     b.close()
 
 
-if __name__ == "__main__":  # the page's figures against the bench's: python -m tests.test_browser_lesson [tokens] [repeats]
+if __name__ == "__main__":  # the page's figures against the bench's:
+    # python -m tests.test_browser_lesson [tokens] [repeats] [batch_tabs]  (batch_tabs: the app's --batch-tabs)
     import platform
     import shutil
     import statistics
@@ -200,10 +201,11 @@ if __name__ == "__main__":  # the page's figures against the bench's: python -m 
 
     tokens = int(sys.argv[1]) if len(sys.argv) > 1 else 96
     repeats = int(sys.argv[2]) if len(sys.argv) > 2 else 2
+    batch_tabs = int(sys.argv[3]) if len(sys.argv) > 3 else None
     cpu = next((line.split(":", 1)[1].strip() for line in subprocess.run(["lscpu"], capture_output=True, text=True)
                 .stdout.splitlines() if line.startswith("Model name")), platform.processor())
     hub_ = ModelHub()
-    demo = build_app(hub_)
+    demo = build_app(hub_) if batch_tabs is None else build_app(hub_, batch_tabs=batch_tabs)
     port = free_port()
     serve(demo, "127.0.0.1", port, prevent_thread_lock=True, quiet=True)
     rows = []
@@ -222,7 +224,8 @@ if __name__ == "__main__":  # the page's figures against the bench's: python -m 
                       f"identical {got['bench']['identical']})", flush=True)
         b.close()
     demo.close()
-    print(f"\n{cpu}, {tokens} tokens, {repeats} repeats, the browser on the same machine\n")
+    tabs = "the app's default" if batch_tabs is None else f"--batch-tabs {batch_tabs}"
+    print(f"\n{cpu}, {tokens} tokens, {repeats} repeats, {tabs}, the browser on the same machine\n")
     print("| prompt | page: MAT, speedup | bench: MAT, speedup | bench A/A | page ÷ bench |\n|---|---|---|---|---|")
     for kind in KINDS:
         mine = [(pg, bn) for k, pg, bn in rows if k == kind]
