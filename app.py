@@ -73,6 +73,8 @@ def build_app(hub: ModelHub, cap: int = 256, default_tokens: int = PAGE_TOKENS, 
     "Save matrix" writes it back).  ``on_session_end(session)`` is called after a session is freed.
     ``batch_tabs``: how many tabs' steps run alongside, their forwards shared (more wait in the queue)."""
     recorder = Recorder(hub) if on_zero_gpu() else None  # ZeroGPU: one GPU call per run (components.recorded)
+    if recorder is not None:  # ZeroGPU: each run is one GPU call of its own, no forward to share
+        batch_tabs = 1
     h = Handlers(hub, cap, matrix_path, on_session_end,
                  record=gpu_task(duration=recorder.record_seconds)(recorder.record) if recorder else None,
                  one_thread=batch_tabs <= 1)
@@ -256,7 +258,7 @@ def wire(demo: gr.Blocks, h: Handlers, session, ui: dict, cmp: dict, hub: ModelH
                            js=PACED, **stepping).then(
         **prepare).then(**follow)
     ui["play"].click(h.toggle_play, [ui["play"], session], play).then(**prepare)
-    # Reset queues with the steps: a step already running is drawn before it, never over it
+    # Reset waits for the tab's step in flight (drawn before it); a step that waited across it draws Reset's page
     ui["reset"].click(h.reset, session, views + buttons, **model).then(
         **prepare).then(**follow)
     ui["history"].input(h.history, [ui["history"], session], views, trigger_mode="always_last")  # lands where released

@@ -77,10 +77,10 @@ def charts_figure(accepted_lengths: list[int], speedups: list[float], max_len: i
     max_len = min(max_len, max(7, max(accepted_lengths, default=0) + 1))  # up to the longest seen, not all possible
     counts = [accepted_lengths.count(i) for i in range(1, max_len + 1)]
     bars = bar(x=list(range(1, max_len + 1)), y=counts, marker=dict(color="#2e9d4f"), xaxis="x", yaxis="y",
-                  hovertemplate="%{y} steps committed %{x} tokens<extra></extra>")
+               hovertemplate="%{y} steps committed %{x} tokens<extra></extra>")
     line = scatter(x=list(range(1, len(speedups) + 1)), y=speedups, xaxis="x2", yaxis="y2",
-                      mode="lines+markers" if len(speedups) < 3 else "lines", line=dict(color="#1f4e99"),
-                      hovertemplate="step %{x}: %{y:.2f}×<extra></extra>")
+                   mode="lines+markers" if len(speedups) < 3 else "lines", line=dict(color="#1f4e99"),
+                   hovertemplate="step %{x}: %{y:.2f}×<extra></extra>")
     whole = lambda top: dict(tick0=0, dtick=max(1, -(-top // 6)), tickformat="d")  # noqa: E731  (counts: no 0.5 ticks)
     axis_title = lambda text: dict(text=text, font=dict(size=11))  # noqa: E731
     left, right = [0.0, 0.43], [0.57, 1.0]  # two plots, 0.14 of the width apart

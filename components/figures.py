@@ -2,7 +2,7 @@
 property by property on the way.
 
 The page redraws five figures at every step of every tab.  Validating each property (what
-``go.Scatter(...)`` and ``go.Figure(...)`` do) was most of a step's drawing time (about 15 of 19 ms
+``go.Scatter(...)`` and ``go.Figure(...)`` do) costs most of a step's drawing time (about 15 of 19 ms
 on a 2-core Xeon), host work a server pays once per tab per step, beside the forwards it shares.
 Built from dicts, the same figures cost a fifth of that.  The names are plotly's JSON names: nested
 dicts, none of plotly's ``font_size`` shortcuts for ``font.size``.  ``tests/test_page_drawing.py``

@@ -200,8 +200,10 @@ class Handlers:
 
     # ---- model work: inputs by name (sess, prompt, teach, and the settings fields in **settings) ------
     def step(self, request: gr.Request, sess: Session | None, prompt: str = "", teach: bool = False, **settings):
-        """One step (in Teach mode: shown from its first frame)."""
+        """One step (in Teach mode: shown from its first frame); none where Reset came while it waited
+        for the tab's turn (Reset's page stands)."""
         sess = self.session(sess, request)
+        epoch = sess.flight.epoch
         if sess.replay is not None:  # an opened run: its next recorded step
             sess.replay_next(teach)
             return self.render(sess)
@@ -209,10 +211,12 @@ class Handlers:
             return self.render(sess)
         try:
             s = Settings.from_inputs(settings)
-            with sess.flight.working():  # drawn before the turn is let go: a Phase ▶ pressed meanwhile
-                self.advance(sess, prompt, s)  # draws after it, from its first frame
+            with sess.flight.working():
+                if sess.flight.epoch != epoch:  # Reset came while this step waited for the tab's turn
+                    return self.render(sess)
+                self.advance(sess, prompt, s)
                 sess.cursor.frame = 1 if teach else 0
-                return self.render(sess)
+                return self.render(sess)  # before the turn is let go: a Phase ▶ pressed meanwhile draws after it
         except Exception as err:
             return self.failed(sess, err)
 
@@ -265,10 +269,10 @@ class Handlers:
             return (*self.render(sess, message), gr.skip(), *ui_running(False))
         shown = self.shown_now(sess)
         try:
-            with sess.flight.working():
+            with sess.flight.working():  # drawn before the turn is let go, as a step is
                 sess.flight.touch()
                 sess.next_step(run)  # this run, even if the prompt or a setting was edited meanwhile
-            out = self.render(sess, self.hold(sess, shown, "Stopped"))
+                out = self.render(sess, self.hold(sess, shown, "Stopped"))
         except Exception as err:
             out = self.failed(sess, err)
         if sess.in_progress and sess.stepping() is run and not out[-1].startswith("⚠️") and not sess.flight.stop:
@@ -322,8 +326,9 @@ class Handlers:
         """Teach mode's Next phase: retrieve → verify → accept → recycle, then the next step (``teach`` is
         not read: Phase ▶ walks the frames whatever the box says)."""
         sess = self.session(sess, request)
+        epoch = sess.flight.epoch
         with sess.flight.working():  # a step of this tab still running is drawn first: its frames come next
-            if self.walk_a_frame(sess):
+            if sess.flight.epoch != epoch or self.walk_a_frame(sess):  # (Reset meanwhile: its page stands)
                 return self.render(sess)
         if sess.replay is not None:
             return self.render(sess, "The end of the replay: the history slider goes back; “Run its prompt live” "

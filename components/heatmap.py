@@ -60,8 +60,8 @@ def heatmap_figure(step: Step | None, token_text, frame: int = 0, picked: list[i
         ylabels.append(f"{'▶ ' if r.token in path_tokens else ''}{visible(token_text(r.token), 12)} ·{r.token}")
     k = len(shown[0].new)
     cells = heatmap(z=z, x=[f"#{j}" for j in range(k)], y=list(range(len(shown))), text=text,
-                       texttemplate="%{text}", textfont=dict(size=10), hovertext=hover, hoverinfo="text",
-                       zmin=0, zmax=3, colorscale=SCALE, showscale=False, xgap=1, ygap=1)
+                    texttemplate="%{text}", textfont=dict(size=10), hovertext=hover, hoverinfo="text",
+                    zmin=0, zmax=3, colorscale=SCALE, showscale=False, xgap=1, ygap=1)
     outlines = [dict(type="rect", x0=-0.5, x1=k - 0.5, y0=n - 0.5, y1=n + 0.5, line=dict(color="#d0455b", width=3))
                 for n, r in enumerate(shown) if r.token in (picked or [])]
     more = f" (+{len(rows) - len(shown)} more)" if len(rows) > len(shown) else ""

@@ -37,8 +37,9 @@ def set_aside_long_lived() -> int:
     Python's collector (``gc.freeze``); returns how many.  A full collection then walks only what came
     later (the sessions' objects): where it walked half a million objects in about 0.3 s on a 2-core
     Xeon, holding every thread of the server (at each closed tab's release, and at Python's own full
-    collections), it takes well under a millisecond.  A server calls this once it has started and once
-    its model is loaded; :func:`collect_all` looks at them again (a model freed)."""
+    collections), it takes well under a millisecond.  A server calls this once it has started, and
+    once more when its model is loaded and warm (not at every page's load: the visitors' objects then
+    alive would be set aside too); :func:`collect_all` looks at them again (a model freed)."""
     gc.collect()
     gc.freeze()
     return gc.get_freeze_count()

@@ -96,6 +96,7 @@ def with_progress(work, report, every: float = 0.5):
 
 
 _WARM: weakref.WeakSet = weakref.WeakSet()  # models whose forwards have run once at every size here
+_SET_ASIDE: weakref.WeakSet = weakref.WeakSet()  # models set aside from the collector once loaded and warm
 
 
 def warm_kernels(lm) -> list[float] | None:
@@ -156,7 +157,9 @@ def warm_up(hub, progress, curve_on_gpu=None) -> str:
         timed = ("timed again just now, since the kept timing no longer matched this machine's forwards"
                  if stale else "timed just now, kept for restarts")
     how = f"the draft tree's size is planned from how long the model took on this machine ({timed})"
-    set_aside_long_lived()  # the model too, now loaded (components.memory)
+    if lm.model not in _SET_ASIDE:  # once per model, not at every page's load (its visitors' objects would go too)
+        set_aside_long_lived()  # the model too, now loaded (components.memory)
+        _SET_ASIDE.add(lm.model)
     progress((2, 2), desc="Ready")
     why = f"; {lm.dtype_reason}" if lm.dtype_reason and not lm.dtype_reason.startswith("float32: the default") else ""
     return (f"Ready: {lm.name} on {describe_device(lm)} ({precision_words(lm.dtype)}{why}; your prompt goes "

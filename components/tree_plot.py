@@ -145,8 +145,8 @@ def tree_figure(step: Step | None, token_text, title: str = "", frame: int = 0, 
         traces += _bonus_traces(step, token_text, pos[step.accepted_path[-1]], star, sides.get(len(pos)))
     if step.sampled and show_path and len(step.accepted_path) > 1:  # the draw at each level, on the path it chose
         traces.append(scatter(x=[pos[i][0] for i in step.accepted_path[1:]],
-                                 y=[pos[i][1] for i in step.accepted_path[1:]], mode="markers", hoverinfo="skip",
-                                 marker=dict(size=26, symbol="circle-open", color=COLORS["bonus"], line=dict(width=2))))
+                              y=[pos[i][1] for i in step.accepted_path[1:]], mode="markers", hoverinfo="skip",
+                              marker=dict(size=26, symbol="circle-open", color=COLORS["bonus"], line=dict(width=2))))
     return figure(data=traces, layout=layout)
 
 
@@ -279,7 +279,7 @@ def _node_traces(step: Step, token_text, marks: list[Mark], kinds, sources, pick
         hovertext=[_hover(step, j, token_text, sources, frame) for j in order], hoverinfo="text")]
     if picked is not None and 0 <= picked < len(kinds):
         traces.append(scatter(x=[marks[picked].x], y=[marks[picked].y], mode="markers", hoverinfo="skip",
-                                 marker=dict(size=30, symbol="circle-open", color="#d0455b", line=dict(width=3))))
+                              marker=dict(size=30, symbol="circle-open", color="#d0455b", line=dict(width=3))))
     return traces
 
 

@@ -342,7 +342,7 @@ def test_where_the_matrix_came_from_is_data_and_its_note_is_derived(tiny_lm):
 
 def test_a_page_or_client_load_copies_no_weights(launched, monkeypatch):
     """Gradio copies the app's config for every page and client that connects: nothing in it may lead
-    to the model (a bound method of the handlers once did, a copy of the weights per visitor)."""
+    to the model (a bound method of the handlers would: a copy of the weights per visitor)."""
     from gradio import utils
 
     copied = []

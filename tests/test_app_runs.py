@@ -95,12 +95,37 @@ def test_phase_pressed_while_the_tabs_step_runs_walks_that_step_and_only_its_dra
     while not sess.flight.drawn_later() and time.monotonic() < deadline:
         time.sleep(0.01)
     go.set()
-    step.join(60), phase.join(60)
+    step.join(60)
+    phase.join(60)
     h.advance = advance
     assert len(sess.view().steps) == 1 and sess.cursor.frame == 2  # step 1's second frame, not a second step
     assert all(is_skip(panel) for panel in out["step"][1:-1]), "the step's draw would land over frame 2"
     assert "ph-now" in out["phase"][7] and "verify" in out["phase"][7].split("ph-now")[1][:40].lower()
     assert "step 1 of 1" in out["phase"][-2].label
+
+
+def test_a_step_that_waited_for_its_turn_across_reset_draws_resets_page(hub):  # noqa: F811
+    """Tabs side by side: a Step still waiting for the tab's turn when Reset comes takes no step (no new
+    run drawn over "Reset.")."""
+    import threading
+
+    from tr_core.models import EMBEDDED_LABEL
+
+    h = Handlers(hub, 256)
+    page = dict(model=EMBEDDED_LABEL, tree="paper-80", k=8, max_new_tokens=24, hot_start=True, lookup=False,
+                method="Token Recycling (TR)", temperature=0.0, top_p=1.0, seed=0, start="hot")
+    sess = h.step(None, None, PROMPT, **page)[0]
+    assert len(sess.view().steps) == 1
+    with sess.flight.working():  # the tab's step in flight
+        waiting = threading.Thread(target=h.step, args=(None, sess, PROMPT), kwargs=page)
+        waiting.start()
+        deadline = time.monotonic() + 30
+        while not sess.flight.drawn_later() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert sess.flight.drawn_later()
+        sess.reset()  # what Reset does once the step in flight is over
+    waiting.join(60)
+    assert sess.view() is None or not sess.view().steps, "a step ran after Reset"
 
 
 def test_history_frames_and_linked_views(hub):  # noqa: F811

@@ -240,27 +240,3 @@ if __name__ == "__main__":  # python -m tests.test_load [batch_tabs] [--inside]:
         print(f"| {row['tabs']} | {row['steps_per_s']:.2f} | {row['steps_per_s'] / found[0]['steps_per_s']:.2f}x "
               f"| {row['median']:.2f} s | {row['p95']:.2f} s | {row['longest']:.2f} s |")
 
-
-def test_objects_set_aside_are_skipped_by_collections_until_a_model_is_freed():
-    """``set_aside_long_lived`` hides what is alive from the collector (a closed tab's collection then
-    walks only newer objects); ``collect_all`` (a model evicted) looks at them again."""
-    import gc
-    import weakref
-
-    from components.memory import collect_all, set_aside_long_lived
-
-    class Node:
-        pass
-
-    a, b = Node(), Node()
-    a.other, b.other = b, a  # a cycle: only the collector frees it
-    gone = weakref.ref(a)
-    try:
-        assert set_aside_long_lived() > 0
-        del a, b
-        gc.collect()
-        assert gone() is not None  # set aside: a full collection does not look at it
-        collect_all()
-        assert gone() is None and gc.get_freeze_count() > 0  # looked at, freed, the rest set aside again
-    finally:
-        gc.unfreeze()

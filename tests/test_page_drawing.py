@@ -103,8 +103,9 @@ def test_before_the_verdict_the_tree_is_laid_out_alike_whichever_path_is_accepte
 
 def test_every_figure_drawn_is_what_plotly_validation_makes_of_it():
     """The panels' figures skip plotly's validation (``components.figures``): each figure of the three
-    example runs, at every third step and the last (Teach mode's frames at the first three) and the empty state, is the same figure once validated, so no
-    property is misnamed, misplaced or left for plotly to expand (``font_size`` for ``font.size``)."""
+    example runs, at every third step and the last (Teach mode's frames at the first three), and of the
+    empty state, is the same figure once validated, so no property is misnamed, misplaced or left for
+    plotly to expand (``font_size`` for ``font.size``)."""
     import json
     from pathlib import Path
 
@@ -123,6 +124,7 @@ def test_every_figure_drawn_is_what_plotly_validation_makes_of_it():
                 for fig in draw_panels(view, n, frame, picked=0 if frame == 0 else None):
                     if isinstance(fig, go.Figure):
                         drawn = json.loads(fig.to_json())
-                        assert json.loads(go.Figure(fig.to_dict()).to_json()) == drawn, (n, frame, drawn["layout"].get("title"))
+                        validated = json.loads(go.Figure(fig.to_dict()).to_json())
+                        assert validated == drawn, (n, frame, drawn["layout"].get("title"))
                         checked += 1
     assert checked > 150

@@ -58,6 +58,9 @@ def packed_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Te
     ``q0:q1`` attend to its own keys alone (``packed.parts``: each request's cache after this layer's
     update; else its slice ``k0:k1`` of ``key``/``value``), with its block of the mask (or none, where
     it had none alone), exactly as its own forward would.  -> ``[1, Q, heads, d]``."""
+    if packed is not None and getattr(module, "layer_idx", packed.layer) != packed.layer:
+        raise RuntimeError(f"layer {module.layer_idx} attends without updating the packed cache (it holds layer "
+                           f"{packed.layer}'s keys): a model whose layers share keys cannot be packed")
     outs = []
     for i, s in enumerate(segments):
         own = mask[:, :, s.q0:s.q1, s.k0:s.k1] if s.masked else None

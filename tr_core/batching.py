@@ -59,10 +59,12 @@ class PackedCache(Cache):
         super().__init__(layers=[])
         self.caches, self.spans = caches, spans
         self.parts: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.layer: int | None = None
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
         self.parts = [cache.update(key_states[:, :, a:b], value_states[:, :, a:b], layer_idx, *args, **kwargs)
                       for cache, (a, b) in zip(self.caches, self.spans)]
+        self.layer = layer_idx  # whose keys ``parts`` hold (the attention that reads them checks)
         return key_states, value_states
 
     def get_seq_length(self, layer_idx: int = 0) -> int:

@@ -17,7 +17,8 @@ class GrowingLayer(DynamicLayer):
     ``keys`` and ``values`` stay what ``DynamicLayer`` offers, the first ``seq`` entries, as views of
     the buffers; ``crop`` only shortens the views.  The attention reads the same numbers through a
     view as through a copy (bit for bit: ``tests/test_cache.py``).  The buffers grow by
-    ``max(GROW_TOKENS, seq / 4)`` tokens when full, so at most that much room is held spare."""
+    ``max(GROW_TOKENS, seq / 4)`` tokens when full, so about that much room is held spare (plus, after
+    a tree step is cropped to its accepted path, the rest of the tree's room)."""
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         super().lazy_initialization(key_states, value_states)
