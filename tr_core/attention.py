@@ -35,9 +35,9 @@ def sdpa_shared_kv(module: torch.nn.Module, query: torch.Tensor, key: torch.Tens
     [b, 1, q, kv]`` -> (``[b, q, heads, d]``, None), as transformers' ``sdpa_attention_forward``."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    segments = kwargs.pop("segments", None)
+    segments, packed = kwargs.pop("segments", None), kwargs.pop("packed", None)
     if segments:
-        return packed_attention(module, query, key, value, attention_mask, segments, dropout, scaling, **kwargs), None
+        return packed_attention(module, query, attention_mask, segments, packed, dropout, scaling, **kwargs), None
     groups = getattr(module, "num_key_value_groups", 1)
     way = MASKED_GQA.get(query.device.type, "repeat_kv")
     if (groups == 1 or attention_mask is None or way == "repeat_kv" or attention_mask.shape[1] != 1
@@ -51,20 +51,18 @@ def sdpa_shared_kv(module: torch.nn.Module, query: torch.Tensor, key: torch.Tens
     return out.transpose(1, 2).contiguous(), None
 
 
-def packed_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                     mask: torch.Tensor, segments, dropout: float = 0.0, scaling: float | None = None,
-                     packed=None, **kwargs) -> torch.Tensor:
+def packed_attention(module: torch.nn.Module, query: torch.Tensor, mask: torch.Tensor, segments, packed,
+                     dropout: float = 0.0, scaling: float | None = None, **kwargs) -> torch.Tensor:
     """Several requests packed in one forward (:mod:`tr_core.batching`): each segment's queries
-    ``q0:q1`` attend to its own keys alone (``packed.parts``: each request's cache after this layer's
-    update; else its slice ``k0:k1`` of ``key``/``value``), with its block of the mask (or none, where
+    ``q0:q1`` attend to its own request's keys alone (``packed.parts``: each request's cache after this
+    layer's update, :class:`tr_core.batching.PackedCache`), with its block of the mask (or none, where
     it had none alone), exactly as its own forward would.  -> ``[1, Q, heads, d]``."""
-    if packed is not None and getattr(module, "layer_idx", packed.layer) != packed.layer:
+    if getattr(module, "layer_idx", packed.layer) != packed.layer:
         raise RuntimeError(f"layer {module.layer_idx} attends without updating the packed cache (it holds layer "
                            f"{packed.layer}'s keys): a model whose layers share keys cannot be packed")
     outs = []
-    for i, s in enumerate(segments):
+    for s, (keys, values) in zip(segments, packed.parts):
         own = mask[:, :, s.q0:s.q1, s.k0:s.k1] if s.masked else None
-        keys, values = packed.parts[i] if packed is not None else (key[:, :, s.k0:s.k1], value[:, :, s.k0:s.k1])
         out, _ = sdpa_shared_kv(module, query[:, :, s.q0:s.q1], keys, values, own,
                                 dropout=dropout, scaling=scaling, **kwargs)
         outs.append(out)

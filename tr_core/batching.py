@@ -53,7 +53,8 @@ class PackedCache(Cache):
     the new keys/values ``[1, kv_heads, Q, d]`` to its own cache and keeps each request's updated
     keys/values in ``parts`` for the attention (:func:`tr_core.attention.packed_attention`, which the
     forward hands this cache as ``packed``), so no layer copies every tab's cache into one tensor.
-    What it returns to the layer is only passed on to that attention, which reads ``parts`` instead."""
+    What it returns to the layer (the new keys/values alone) is only passed on to that attention,
+    which reads ``parts`` instead."""
 
     def __init__(self, caches: list, spans: list[tuple[int, int]]):
         super().__init__(layers=[])
