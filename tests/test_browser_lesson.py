@@ -17,7 +17,7 @@ pytestmark = pytest.mark.browser
 CHAT = "Why do cats purr? Explain briefly."
 KINDS = {"chat": CHAT,
          "code": "Write a Python function that returns the n-th Fibonacci number, with a short docstring.",
-         # long enough for some 20 steps: a figure over a handful of steps would time little but the first one
+         # long enough for about 17 steps: a figure over a handful of steps would time little but the first one
          "rewrite": "Rewrite this paragraph in the passive voice: The committee approved the new budget on Monday. "
                     "The mayor announced the plan at a press conference, and local businesses welcomed it. The city "
                     "will repair three bridges next spring. Volunteers planted two hundred trees along the river "
