@@ -27,6 +27,14 @@ DEVICE = os.environ.get("TR_TEST_DEVICE", "cpu")
 SPEC_BENCH = Path(__file__).resolve().parents[2] / "shared" / "data" / "spec_bench" / "question.jsonl"
 
 
+@pytest.fixture
+def spec_bench() -> Path:
+    """The Spec-Bench questions beside the checkout; a clone without them skips what reads them."""
+    if not SPEC_BENCH.is_file():
+        pytest.skip(f"Spec-Bench's questions are not beside the checkout ({SPEC_BENCH})")
+    return SPEC_BENCH
+
+
 def make_tiny_tokenizer():
     from tokenizers import Tokenizer
     from tokenizers.models import WordLevel

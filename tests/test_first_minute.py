@@ -15,7 +15,6 @@ from tr_core import AdjacencyMatrix
 
 from .conftest import is_skip
 from .test_app import PROMPT, settings
-from .conftest import SPEC_BENCH
 
 
 def page_session() -> Session:
@@ -278,11 +277,11 @@ def test_the_first_minute_command_reads_the_counters_of_a_fresh_tab(hub, capsys,
     assert "no prompts" in said and "(categories: qa)" in said  # the names there are, not a traceback
 
 
-def test_the_first_minute_leaves_out_what_a_calibration_command_read(capsys):
+def test_the_first_minute_leaves_out_what_a_calibration_command_read(capsys, spec_bench):
     from components.first_minute import calibration_reads, main
     from tr_core.bench.data import load_prompts
 
-    path = str(SPEC_BENCH)
+    path = str(spec_bench)
     read = calibration_reads(path)
     evaluation = {p.question_id for p in load_prompts(path, 10)}
     assert not read & evaluation  # the evaluation split stays measured in full
