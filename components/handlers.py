@@ -16,10 +16,11 @@ from dataclasses import replace
 import gradio as gr
 import torch
 
-from tr_core.rounds import Batcher
+from tr_core.cost import cost_curve_for
 from tr_core.devices import oom_message, release_device_memory, serial_torch_here
 from tr_core.model_thread import ModelThread, wrap_handler
 from tr_core.models import ModelLoadError
+from tr_core.rounds import Batcher
 
 from .memory import release_freed_memory
 
@@ -157,7 +158,20 @@ class Handlers:
             self.check_model(s.model)  # here, not inside the GPU call
             sess.reveal(self.record, prompt, s, self.cap)
         else:
+            if (s.tree == "auto" or s.method == "ptd") and sess.needs_new_race(prompt, s):
+                self.cost_curve_on_model_thread(s.model)
             sess.step(self.hub, prompt, s, self.cap)
+
+    def cost_curve_on_model_thread(self, spec) -> None:
+        """Time the model's forward cost curve (what the auto tree's and PTD's planners plan from) on the
+        model thread, if no start-up has timed it yet (a client of the API never loads the page).  The
+        model thread runs the forwards with the model's workers; an event thread runs torch on one core."""
+        try:
+            lm = self.hub.get(spec)
+        except ModelLoadError:
+            return  # the step says why (Session.begin)
+        if lm.cost_curve is None:
+            self.model_thread.run(cost_curve_for, lm)
 
     def check_model(self, spec) -> None:
         """ZeroGPU: the model asked for is one this server serves, checked in this process before the

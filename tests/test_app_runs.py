@@ -5,6 +5,7 @@ import json
 import time
 
 import pytest
+import torch
 
 from components.handlers import Handlers
 from components.model_hub import ModelHub
@@ -327,3 +328,39 @@ def test_a_kept_cost_curve_of_another_shape_is_timed_again():
     noisy = [s * (2.0 if q == 4 else 1.0) for q, s in zip(lengths, now)]
     assert curve_still_holds(CostCurve(lengths, noisy), lengths, now)
     assert not curve_still_holds(CostCurve([2, 4], [0.03, 0.03]), lengths, now)  # nothing to compare with
+
+
+@pytest.mark.parametrize("method, tree", [("Token Recycling (TR)", "auto"),
+                                          ("Progressive Tree Drafting (PTD)", "paper-80")])
+def test_a_first_step_through_the_api_times_the_forwards_on_the_model_thread(hub, monkeypatch, method, tree):  # noqa: F811
+    """A server reached through its API alone (no page loaded, so no start-up) times the model's
+    forwards for the planners (the auto tree's; PTD's, whatever the tree setting) at the first Step: on
+    the model thread, where the forwards run with the model's workers, not on the event's own thread,
+    which runs torch on one core."""
+    import threading
+
+    from components.handlers import serially
+    from tr_core.cost import CostCurve
+    from tr_core.models import EMBEDDED_LABEL
+
+    lm = hub.get(EMBEDDED_LABEL)
+    h = Handlers(hub, 256)
+    timed_on, measure = [], CostCurve.measure
+
+    def timed_here(cls, lm_, *args, **kwargs):
+        timed_on.append(h.model_thread.here())
+        return measure(lm_, repeats=1)
+
+    monkeypatch.setattr(CostCurve, "measure", classmethod(timed_here))
+    monkeypatch.setattr(lm, "cost_curve", None)  # never timed in this process (restored afterwards)
+    page = dict(model=EMBEDDED_LABEL, tree=tree, k=8, max_new_tokens=8, hot_start=True, lookup=False,
+                method=method, temperature=0.0, top_p=1.0, seed=0, start="hot")
+    out, count = [], torch.get_num_threads()
+    try:
+        event = threading.Thread(target=lambda: out.append(serially(h.step)(None, None, PROMPT, **page)))
+        event.start()
+        event.join(120)
+    finally:
+        torch.set_num_threads(count)  # the count the next threads take, as before the event went serial
+    assert out and len(out[0][0].view().steps) == 1
+    assert timed_on == [True]

@@ -99,6 +99,28 @@ def test_event_threads_run_torch_serially_and_the_model_thread_keeps_its_workers
     assert torch.get_num_threads() == main
 
 
+def test_the_model_thread_keeps_its_workers_when_an_event_goes_serial_before_its_first_forward():
+    """A server makes its model thread at build time; its first event (a tab's Step) goes serial on an
+    event thread before the model thread has run anything.  Torch settles a thread's count at its first
+    parallel work from the process's last stored count, so, unsettled, the model thread would take the
+    event's 1 and run every forward of the server on one core."""
+    import torch
+
+    from tr_core.devices import serial_torch_here
+
+    main = torch.get_num_threads()
+    if main < 2:
+        pytest.skip("torch runs one thread here: nothing to tell apart")
+    mt = ModelThread()  # made first, nothing run on it yet
+    try:
+        event = threading.Thread(target=serial_torch_here)
+        event.start()
+        event.join()
+        assert mt.run(lambda: (torch.ones(64, 64) @ torch.ones(64, 64), torch.get_num_threads())[1]) == main
+    finally:
+        torch.set_num_threads(main)  # the count the next threads take, as before this test
+
+
 def test_start_up_work_runs_on_the_callers_thread_while_another_reports_progress():
     """Start-up's timed forwards run where it was called (a server's model thread), never on a thread of
     its own (a second OpenMP team slows every forward and skews the cost curve); the progress reports come
