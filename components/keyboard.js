@@ -36,8 +36,8 @@
       });
     }
   };
-  // A step waiting behind other visitors' steps: Gradio's queue text on the status line ("queue: 2/3")
-  // becomes a sentence of ours under it; the panels stay as they are meanwhile.
+  // A step waiting in its queue: Gradio's text on the status line ("queue: 3/5", this event's place counted
+  // from 1) becomes a sentence of ours under it; the panels stay as they are meanwhile.
   const waitNote = () => {
     const status = document.querySelector("#status");
     if (!status) return;
@@ -50,8 +50,9 @@
     }
     const shown = status.querySelector(".progress-text");
     const queued = /queue:\s*(\d+)\s*\//.exec(shown ? shown.textContent : "");
-    const text = queued ? `Waiting for the model: ${queued[1]} ahead of this one in the queue. ` +
-      "The model runs one step at a time (start-up, steps and Compare runs, from this tab or others); " +
+    const ahead = queued ? Number(queued[1]) - 1 : 0;
+    const place = ahead > 0 ? `${ahead} ahead of this one in the queue` : "this one is next in the queue";
+    const text = queued ? `Waiting for the model: ${place}. The server runs only so many steps at once; ` +
       "this one follows in turn, and the panels stay as they are." : "";
     if (note.textContent !== text) {
       note.textContent = text;

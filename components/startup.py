@@ -13,6 +13,7 @@ import json
 import math
 import os
 import platform
+import tempfile
 import threading
 import time
 import weakref
@@ -60,17 +61,20 @@ def load_cached_curve(lm) -> bool:
 
 
 def save_curve(lm) -> None:
-    path = curve_path(lm)
+    path, tmp = curve_path(lm), None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"model": lm.name, "device": str(lm.device), "dtype": str(lm.dtype),
-                                   "lengths": lm.cost_curve.lengths, "seconds": lm.cost_curve.seconds,
-                                   "per_cache": lm.cost_curve.per_cache, "prefix": lm.cost_curve.prefix,
-                                   "per_cache_fixed": lm.cost_curve.per_cache_fixed}))
-        tmp.replace(path)
-    except OSError:
-        pass  # a read-only home: measured again next start
+        # a file of its own, then renamed: two processes saving the same curve never mix their writes
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.stem, suffix=".tmp")
+        with os.fdopen(fd, "w") as f:
+            json.dump({"model": lm.name, "device": str(lm.device), "dtype": str(lm.dtype),
+                       "lengths": lm.cost_curve.lengths, "seconds": lm.cost_curve.seconds,
+                       "per_cache": lm.cost_curve.per_cache, "prefix": lm.cost_curve.prefix,
+                       "per_cache_fixed": lm.cost_curve.per_cache_fixed}, f)
+        os.replace(tmp, path)
+    except OSError:  # a read-only home or a full disk: measured again next start
+        if tmp is not None and os.path.exists(tmp):
+            os.unlink(tmp)
 
 
 def with_progress(work, report, every: float = 0.5):

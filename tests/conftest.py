@@ -99,12 +99,25 @@ def decode_losslessly(lm, make, prompts, max_new_tokens: int) -> list:
     return decoders
 
 
+def pytest_configure(config):
+    """A worker of ``pytest -n N`` takes its share of the cores for torch, so that N workers do not
+    run N times the cores' threads (which would make every forward of every worker wait)."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1:
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.module.__name__.rsplit(".", 1)[-1].startswith("test_browser"):
             item.add_marker(pytest.mark.browser)
         if "embedded_lm" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.slow)
+    # The modules with slow or browser tests first: ``pytest -n 2`` hands out whole modules in this order
+    # (``--no-loadscope-reorder``), so the short ones fill the end and no worker runs a long module alone
+    # while the other waits.
+    heavy = {item.module.__name__ for item in items if item.get_closest_marker("slow") or item.get_closest_marker("browser")}
+    items.sort(key=lambda item: item.module.__name__ not in heavy)
 
 
 def free_port() -> int:

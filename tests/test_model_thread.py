@@ -70,7 +70,19 @@ def test_switched_off_it_runs_in_the_callers_thread():
     assert mt.run(threading.get_ident) == threading.get_ident()
 
 
-def test_event_threads_run_torch_serially_and_the_model_thread_keeps_its_workers():
+@pytest.fixture
+def two_torch_threads():
+    """At least two torch threads on the main thread (a worker of ``pytest -n 2`` runs one), so that a
+    serial thread differs from the rest; afterwards the count the next threads take is as before."""
+    import torch
+
+    count = torch.get_num_threads()
+    torch.set_num_threads(max(2, count))
+    yield
+    torch.set_num_threads(count)
+
+
+def test_event_threads_run_torch_serially_and_the_model_thread_keeps_its_workers(two_torch_threads):
     """A class's event threads run their torch work on themselves alone; the model thread keeps the
     thread count of whoever made it, even when made after an event thread went serial (torch hands
     that count to threads that first run torch later); the main thread never goes serial."""
@@ -80,8 +92,6 @@ def test_event_threads_run_torch_serially_and_the_model_thread_keeps_its_workers
     from tr_core.devices import serial_torch_here
 
     main = torch.get_num_threads()
-    if main < 2:
-        pytest.skip("torch runs one thread here: nothing to tell apart")
     seen = {}
 
     @serially
@@ -99,7 +109,8 @@ def test_event_threads_run_torch_serially_and_the_model_thread_keeps_its_workers
     assert torch.get_num_threads() == main
 
 
-def test_the_model_thread_keeps_its_workers_when_an_event_goes_serial_before_its_first_forward():
+def test_the_model_thread_keeps_its_workers_when_an_event_goes_serial_before_its_first_forward(
+        two_torch_threads):
     """A server makes its model thread at build time; its first event (a tab's Step) goes serial on an
     event thread before the model thread has run anything.  Torch settles a thread's count at its first
     parallel work from the process's last stored count, so, unsettled, the model thread would take the
@@ -109,16 +120,11 @@ def test_the_model_thread_keeps_its_workers_when_an_event_goes_serial_before_its
     from tr_core.devices import serial_torch_here
 
     main = torch.get_num_threads()
-    if main < 2:
-        pytest.skip("torch runs one thread here: nothing to tell apart")
     mt = ModelThread()  # made first, nothing run on it yet
-    try:
-        event = threading.Thread(target=serial_torch_here)
-        event.start()
-        event.join()
-        assert mt.run(lambda: (torch.ones(64, 64) @ torch.ones(64, 64), torch.get_num_threads())[1]) == main
-    finally:
-        torch.set_num_threads(main)  # the count the next threads take, as before this test
+    event = threading.Thread(target=serial_torch_here)
+    event.start()
+    event.join()
+    assert mt.run(lambda: (torch.ones(64, 64) @ torch.ones(64, 64), torch.get_num_threads())[1]) == main
 
 
 def test_start_up_work_runs_on_the_callers_thread_while_another_reports_progress():
