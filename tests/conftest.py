@@ -7,6 +7,7 @@ or through ``hub`` or ``launched``) and on those marked so in their module.  The
 ``python -m pytest -m "not slow and not browser"``."""
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
@@ -143,17 +144,26 @@ def hub(embedded_lm):
     return ModelHub(loaded={"embedded": embedded_lm})
 
 
+@contextlib.contextmanager
+def served(hub, **options):
+    """``build_app(hub, **options)`` served on a free local port until the block ends: ``(demo, url)``."""
+    from app import build_app, serve
+
+    demo = build_app(hub, **options)
+    port = free_port()
+    serve(demo, "127.0.0.1", port, prevent_thread_lock=True, quiet=True)
+    try:
+        yield demo, f"http://127.0.0.1:{port}/"
+    finally:
+        demo.close()
+
+
 @pytest.fixture(scope="session")
 def launched(hub):
     """The app on ``hub``, served on a free local port for the whole run: ``(demo, url)``.  Each
     browser tab or client is its own session, so tests do not see one another's state."""
-    from app import build_app, serve
-
-    demo = build_app(hub)
-    port = free_port()
-    serve(demo, "127.0.0.1", port, prevent_thread_lock=True, quiet=True)
-    yield demo, f"http://127.0.0.1:{port}/"
-    demo.close()
+    with served(hub) as app:
+        yield app
 
 
 BROWSER_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from .conftest import free_port, stop_cleanly
+from .conftest import served, stop_cleanly
 
 RUNNER = "Write the numbers from one to forty in words, one per line."
 PROMPTS = ["Name three colours and say why you like each one.", "Describe a cat in two sentences.",
@@ -88,13 +88,8 @@ def class_load(url: str, tabs: int = 8, steps: int = 3, browser=None) -> dict:
 @pytest.fixture
 def four_side_by_side(hub):
     """The app with 4 tabs' steps side by side, so that 8 tabs pressing at once queue: its URL."""
-    from app import build_app, serve
-
-    demo = build_app(hub, batch_tabs=4)
-    port = free_port()
-    serve(demo, "127.0.0.1", port, prevent_thread_lock=True, quiet=True)
-    yield f"http://127.0.0.1:{port}/"
-    demo.close()
+    with served(hub, batch_tabs=4) as (_, url):
+        yield url
 
 
 def test_eight_tabs_are_served_while_a_ninth_runs_to_the_end(browser, four_side_by_side):

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from .conftest import free_port
+from .conftest import served
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -17,13 +17,8 @@ BUTTONS = ("#step", "#play", "#run", "#reset", "#phase-prev", "#phase-next")
 
 @pytest.fixture(scope="module")
 def small_app(hub):
-    from app import build_app, serve
-
-    demo = build_app(hub, default_tokens=24)
-    port = free_port()
-    serve(demo, "127.0.0.1", port, prevent_thread_lock=True, quiet=True)
-    yield f"http://127.0.0.1:{port}/"
-    demo.close()
+    with served(hub, default_tokens=24) as (_, url):
+        yield url
 
 
 def open_page(browser, url, width, height):
