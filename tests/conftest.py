@@ -118,7 +118,8 @@ def pytest_collection_modifyitems(config, items):
     # The modules with slow or browser tests first: ``pytest -n 2`` hands out whole modules in this order
     # (``--no-loadscope-reorder``), so the short ones fill the end and no worker runs a long module alone
     # while the other waits.
-    heavy = {item.module.__name__ for item in items if item.get_closest_marker("slow") or item.get_closest_marker("browser")}
+    heavy = {item.module.__name__ for item in items
+             if item.get_closest_marker("slow") or item.get_closest_marker("browser")}
     items.sort(key=lambda item: item.module.__name__ not in heavy)
 
 

@@ -146,8 +146,9 @@ def serial_torch_here() -> None:
     than cores, every team's workers sleep between regions: measured on 2 cores, a greedy step of the
     embedded model took 34 ms while one thread ran torch and 59-67 ms once a second one had too.  (The
     count is per thread, but torch settles a thread's count at its first parallel work from the last
-    count set on any thread: a model thread settles its own when it is made, :mod:`tr_core.model_thread`.)  The main thread keeps its count: a script or a test that calls a handler
-    directly is no event thread."""
+    count set on any thread: a model thread settles its own when it is made, :mod:`tr_core.model_thread`.)
+    The main thread keeps its count: a script or a test that calls a handler directly is no event
+    thread."""
     if threading.current_thread() is not threading.main_thread() and torch.get_num_threads() > 1:
         torch.set_num_threads(1)
 

@@ -78,8 +78,9 @@ def wrap_handler(fn, run):
     return once
 
 def _claim(threads: int) -> int:
-    """The model thread's id; its torch thread count is its creator's (``threads``), settled at once.  Torch settles a thread's count at the thread's first parallel work, from the count the
-    process's last ``set_num_threads`` stored, on whatever thread: an event thread that made itself serial
+    """The model thread's id; its torch thread count is its creator's (``threads``), settled at once.
+    Torch settles a thread's count at the thread's first parallel work, from the count the process's
+    last ``set_num_threads`` stored, on whatever thread: an event thread that made itself serial
     (``tr_core.devices.serial_torch_here``) before the model thread's first forward would leave every
     forward of the server on one core.  Reading the count settles it; the count is set after."""
     torch.get_num_threads()  # settled (from whatever count was set last), then set
