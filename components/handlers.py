@@ -186,6 +186,8 @@ class Handlers:
         """(session, *panels, history slider, status): status last, as the API has always had it.
         ``slider_value`` False: the slider keeps the value it has in the page (its own move drew this:
         a value sent back would pull a slider still moving back to where it was)."""
+        if sess.flight.resetting:  # Reset's own draw is the page (this one could reach the page after it)
+            return (sess, *(gr.skip(),) * (len(PANELS) + 2))
         if sess.flight.drawn_later():  # the panels come with that event's draw (this one could reach the page last)
             return (sess, *(gr.skip(),) * len(PANELS), gr.skip(), message or sess.message)
         view, c = sess.view(), sess.cursor
@@ -269,7 +271,7 @@ class Handlers:
         out = self.step(request, sess, prompt, False, **settings)
         sess = out[0]
         sess.flight.running = sess.stepping()  # the ticks step this run (or replay), whatever the fields say
-        going = sess.in_progress and not out[-1].startswith("⚠️") and not sess.flight.stop
+        going = sess.in_progress and not went_wrong(out) and not sess.flight.stop
         return (*out, next_beat() if going else gr.skip(), *ui_running(going))
 
     def run_tick(self, request: gr.Request, sess: Session | None, **_edited):
@@ -285,11 +287,12 @@ class Handlers:
         try:
             with sess.flight.working():  # drawn before the turn is let go, as a step is
                 sess.flight.touch()
-                sess.next_step(run)  # this run, even if the prompt or a setting was edited meanwhile
+                if sess.stepping() is run:  # not Reset while this tick waited for the tab's turn
+                    sess.next_step(run)  # this run, even if the prompt or a setting was edited meanwhile
                 out = self.render(sess, self.hold(sess, shown, "Stopped"))
         except Exception as err:
             out = self.failed(sess, err)
-        if sess.in_progress and sess.stepping() is run and not out[-1].startswith("⚠️") and not sess.flight.stop:
+        if sess.in_progress and sess.stepping() is run and not went_wrong(out) and not sess.flight.stop:
             return (*out, next_beat(), gr.skip(), gr.skip(), gr.skip(), gr.skip())
         sess.flight.running = None
         return (*out, gr.skip(), *ui_running(False))
@@ -328,7 +331,7 @@ class Handlers:
         if sess.flight.stop:  # Pause, Stop or Reset came while this step ran: it is not drawn (Step shows it)
             said = self.hold(sess, shown, "Paused")
             return (*self.render(sess, said), gr.skip(), gr.Button(value="▶ Play"))
-        if sess.in_progress and not out[-1].startswith("⚠️"):
+        if sess.in_progress and not went_wrong(out):
             return (*out, next_beat(), gr.skip())
         if teach and sess.stepping() is not None and sess.cursor.frame < 4:
             return (*out, next_beat(), gr.skip())  # the last step's frames still play
@@ -443,8 +446,9 @@ class Handlers:
         for, so that its redraw reaches the page before this one and no late step draws over it."""
         sess = self.session(sess, request)
         sess.flight.stop = True
-        sess.flight.wait_idle(RESET_WAIT)
-        sess.reset()
+        with sess.flight.resetting_now():
+            sess.flight.wait_idle(RESET_WAIT)
+            sess.reset()
         return (*self.render(sess, "Reset."), *ui_running(False))
 
     def history(self, n, sess: Session | None, request: gr.Request = None):
@@ -518,6 +522,11 @@ class Handlers:
         sess = self.session(sess, request)
         sess.cursor.frame = 1 if teach and sess.view() is not None else 0
         return self.render(sess)
+
+
+def went_wrong(out: tuple) -> bool:
+    """Whether a handler's outputs (status last) report a failure."""
+    return isinstance(out[-1], str) and out[-1].startswith("⚠️")
 
 
 def next_beat() -> int:

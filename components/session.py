@@ -373,6 +373,7 @@ class InFlight:
     running: object = None  # the run Run to end steps (its ticks never start another)
     playing: bool = False  # Play is on (its beat asks for the next step)
     held: bool = False  # a step that was running when Stop or Pause came is not shown yet: the next Step shows it
+    resetting: int = 0  # Resets under way: a step that ends meanwhile draws nothing (:meth:`resetting_now`)
     last_active: float = field(default_factory=time.monotonic)  # for freeing an idle tab's KV caches
 
     @contextmanager
@@ -389,6 +390,16 @@ class InFlight:
                 yield
             finally:
                 self.busy -= 1
+
+    @contextmanager
+    def resetting_now(self):
+        """Reset waits for the step in flight and starts over; a step that ends meanwhile draws nothing.
+        Its outputs and Reset's reach the page in either order, so Reset's must be the only draw."""
+        self.resetting += 1
+        try:
+            yield
+        finally:
+            self.resetting -= 1
 
     def drawn_later(self) -> bool:
         """Another event of this tab waits for its turn, and will draw the panels after this one: with tabs

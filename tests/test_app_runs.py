@@ -129,6 +129,40 @@ def test_a_step_that_waited_for_its_turn_across_reset_draws_resets_page(hub):  #
     assert sess.view() is None or not sess.view().steps, "a step ran after Reset"
 
 
+def test_a_step_that_ends_while_reset_waits_for_it_draws_nothing(hub):  # noqa: F811
+    """Reset waits for the tab's step in flight, then starts over.  The step's outputs and Reset's reach
+    the page in either order, so the step's carry nothing: no "Stopped at step 1" over "Reset."."""
+    import threading
+
+    h = Handlers(hub, 256)
+    page = dict(model="embedded", tree="tr-16", k=8, max_new_tokens=24, hot_start=True, lookup=True,
+                method="Token Recycling (TR)")
+    sess = h.run_start(None, None, PROMPT, **page)[0]
+    race, outs = sess.live.race, {}
+    started, release, step = threading.Event(), threading.Event(), sess.live.race.step
+
+    def slow_step():
+        started.set()
+        release.wait(30)
+        step()
+
+    race.step = slow_step
+    tick = threading.Thread(target=lambda: outs.update(tick=h.run_tick(None, sess, prompt=PROMPT, **page)))
+    tick.start()
+    assert started.wait(30)
+    reset = threading.Thread(target=lambda: outs.update(reset=h.reset(None, sess)))
+    reset.start()
+    deadline = time.monotonic() + 30
+    while not sess.flight.resetting and time.monotonic() < deadline:
+        time.sleep(0.01)
+    release.set()  # the step ends while Reset waits for it
+    tick.join(60)
+    reset.join(60)
+    assert len(race.decoder.steps) == 2 and sess.current() is None
+    assert all(is_skip(o) for o in outs["tick"][1:-5]), "the step's late draw would land over Reset's"
+    assert outs["reset"][-5] == "Reset."
+
+
 def test_history_frames_and_linked_views(hub):  # noqa: F811
     h = Handlers(hub, 256)
     sess = stepped(hub, 3, tree="paper-80", lookup=0)
