@@ -142,10 +142,11 @@ def test_races_of_every_kind_step_together_as_alone_and_a_failure_stays_with_its
             assert race.speedups and len(race.speedups) == len(race.decoder.steps)
 
 
-def test_races_with_a_batcher_read_their_prompts_together_as_alone():
-    """With a batcher, a race checks its prompt at ``start`` and reads it in its first round: every
-    race's method prefill in one forward, then every greedy prefill in one.  Each TR matrix is seeded
-    from its prompt exactly as a race reading alone seeds it, and each race then runs as alone."""
+def test_races_read_their_prompts_once_for_both_sides_and_together_as_alone():
+    """A race checks its prompt at ``start`` and reads it in its first step, once for both sides: the
+    method's prefill, greedy's KV cache a copy of the method's.  With a batcher every race's prefill
+    shares one forward.  Each TR matrix is seeded from its prompt exactly as a race reading alone seeds
+    it, and each race then runs as alone."""
     from tr_core.decoders.base import DecodeError
     from tr_core.race import drive
 
@@ -162,7 +163,7 @@ def test_races_with_a_batcher_read_their_prompts_together_as_alone():
         return out
 
     alone, read_alone, together = races(None), races(None), races(batcher)
-    assert all(r.unread and r.decoder.cache_length == 0 for r in together)
+    assert all(r.unread and r.decoder.cache_length == 0 for r in together + read_alone)
     sizes = []
 
     def counted(lm_, requests):
@@ -170,11 +171,15 @@ def test_races_with_a_batcher_read_their_prompts_together_as_alone():
         return run_forwards(lm_, requests)
 
     drive([r.read_stepping() for r in together], counted)
-    assert sizes == [len(PROMPTS), len(PROMPTS)]
+    assert sizes == [len(PROMPTS)]  # one forward: every race's prompt, read once for its two sides
+    for race in read_alone:
+        drive([race.read_stepping()])
     for race, lone in zip(together, read_alone):
         assert not race.unread and race.reading["method"] > 0 and race.reading["greedy"] > 0
         for side, other in ((race.decoder, lone.decoder), (race.greedy, lone.greedy)):
             assert side.cache_length == other.cache_length == len(side.prompt) - 1
+        for mine, theirs in zip(race.greedy.cache.layers, race.decoder.cache.layers):  # greedy's: a copy
+            assert torch.equal(mine.keys, theirs.keys) and mine.keys.data_ptr() != theirs.keys.data_ptr()
         if isinstance(race.decoder, TokenRecyclingDecoder):
             assert torch.equal(race.decoder.matrix.table, lone.decoder.matrix.table)
     for race in alone:

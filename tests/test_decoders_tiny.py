@@ -254,6 +254,18 @@ def test_prefill_seeds_the_matrix_from_the_whole_prompt(tiny_lm):
     assert torch.equal(paired.matrix.table, reference.table)
     assert torch.equal(paired.matrix.pairs.keys, reference.pairs.keys) and reference.pairs.written >= 20
     assert torch.equal(paired.matrix.pairs.rows, reference.pairs.rows)
+    # as a request (a forward shared with other races'): the forward runs the head at the last position
+    # alone and hands over the hidden states; the decoder's own head over them seeds the same M
+    from tr_core.decoders.base import run_forward
+
+    shared = TokenRecyclingDecoder(tiny_lm, tree="tr-16", max_new_tokens=4, lookup=0)
+    shared.prepare_start(ids)
+    request = shared.prefill_request()
+    logits = run_forward(tiny_lm, request)
+    assert logits.shape[0] == 1 and request.hidden.shape[0] == len(request.hidden_rows) > 1
+    shared.finish_prefill(request, logits)
+    assert shared.cache_length == len(prefix) and torch.equal(shared.matrix.table, reference.table)
+    assert torch.equal(shared.matrix.pairs.rows, reference.pairs.rows)
 
 
 def test_pair_rows_draft_where_seen_stay_lossless_and_the_paper_never_uses_them(tiny_lm):

@@ -32,7 +32,7 @@ import torch
 from transformers import Cache
 
 from .attention import ATTENTION
-from .decoders.base import ForwardRequest, model_forward, run_forward
+from .decoders.base import ForwardRequest, last_hidden_states, model_forward, run_forward
 from .models import LoadedModel
 
 
@@ -94,9 +94,13 @@ def run_forwards(lm: LoadedModel, requests: list[ForwardRequest]) -> list[torch.
     with ExitStack() as clocks:
         for r in requests:
             clocks.enter_context(r.clock.phase("forward"))
+        found = clocks.enter_context(last_hidden_states(lm, any(r.hidden_rows is not None for r in requests)))
         keep, spans = kept_rows(requests, segments, input_ids.device)
         logits = model_forward(lm, input_ids, position_ids, masks, cache, keep, segments=tuple(segments),
                                packed=cache)  # [R, vocab]
+    for r, s in zip(requests, segments):
+        if r.hidden_rows is not None:
+            r.hidden = found[0][0, r.hidden_rows.to(found[0].device) + s.q0]  # [h, d]
     # each its own rows (a view would keep every tab's logits alive for as long as one tab keeps its own)
     return [logits[a:b].clone() for a, b in spans]
 

@@ -85,6 +85,17 @@ def new_cache() -> Cache:
 
 
 @torch.inference_mode()
+def copy_cache(cache: Cache, into: Cache) -> Cache:
+    """``into`` (an empty cache) given a copy of every layer's keys and values ``[batch, kv_heads, seq, d]``
+    of ``cache``; returns ``into``.  Two decoders of one prompt on one model: the second starts where the
+    first one's prefill left its cache, the entries its own prefill would have written."""
+    for index, layer in enumerate(cache.layers):
+        if layer.is_initialized and layer.keys is not None:
+            into.update(layer.keys, layer.values, index)  # written into ``into``'s own buffers
+    return into
+
+
+@torch.inference_mode()
 def keep_accepted_kv(cache, start: int, keep: list[int]) -> None:
     """Compact a step's KV entries to the accepted ones.
 

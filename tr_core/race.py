@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .batching import can_pack, run_forwards
+from .cache import copy_cache
 from .decoders import Decoder, GreedyDecoder
 from .decoders.base import ForwardRequest
 from .devices import synchronize, wake
@@ -61,21 +62,42 @@ def timed_prefill(dec: Decoder) -> Stepping:
     """Seconds of ``dec``'s prefill (its prompt prepared by ``prepare_start``), timed as a step is
     (:func:`timed_stepping`): in a forward shared with other races' where the prompt has at most
     ``PACKED_PROMPT`` tokens, else in one of its own (a packed forward's mask grows with its tokens)."""
+    seconds, _ = yield from prefill_timing(dec)
+    return seconds
+
+
+def prefill_timing(dec: Decoder) -> Stepping:
+    """:func:`timed_prefill`, returning ``(seconds of the whole prefill, seconds of its forward)``."""
     if len(dec.prompt) < 2:
-        return 0.0
+        return 0.0, 0.0
     synchronize(dec.lm.device)
     t0, waited = time.perf_counter(), 0.0
     dec.cache = dec.lm.new_cache()  # empty (a read that failed half-way left entries; a freed cache none)
     if len(dec.prompt) > PACKED_PROMPT:
         dec.prefill(torch.tensor(dec.prompt[:-1], device=dec.lm.device))
+        forward = None
     else:
         request = dec.prefill_request()
         handed = time.perf_counter()
         logits, forward = yield dec.lm, request
         waited = max(0.0, time.perf_counter() - handed - forward)
-        dec.finish_prefill(logits)
+        dec.finish_prefill(request, logits)
     synchronize(dec.lm.device)
-    return time.perf_counter() - t0 - waited
+    seconds = time.perf_counter() - t0 - waited
+    return seconds, seconds if forward is None else forward
+
+
+def read_once(dec: Decoder, other: Decoder) -> Stepping:
+    """One prompt read once for two decoders of one model: ``dec``'s prefill (:func:`prefill_timing`),
+    then ``other``'s KV cache a copy of ``dec``'s, the entries its own prefill of the same tokens would
+    write.  Returns ``(dec's seconds, other's seconds)``: ``other`` is charged the forward, what its own
+    prefill would have cost (a token more where ``dec``'s prefill reads the last prompt token too, as
+    TR's does), and the copy, but not ``dec``'s use of the prompt's logits."""
+    seconds, forward = yield from prefill_timing(dec)
+    t0 = time.perf_counter()
+    other.cache = copy_cache(dec.cache, other.lm.new_cache())
+    synchronize(other.lm.device)
+    return seconds, forward + time.perf_counter() - t0
 
 
 class Lockstep:
@@ -167,15 +189,6 @@ def step_races(races: list["Race"], forwards: Callable = run_forwards) -> list:
     return [next(stepped) if isinstance(r, Race) else r for r in ready]
 
 
-def timed(start, prompt_ids, device) -> float:
-    """Seconds of ``start(prompt_ids)`` (a decoder reading the prompt), the device synchronised at both ends."""
-    synchronize(device)
-    t0 = time.perf_counter()
-    start(prompt_ids)
-    synchronize(device)
-    return time.perf_counter() - t0
-
-
 def charge_reading(step: Step, seconds: float) -> None:
     """A side's first step carries its reading of the prompt: in its wall clock, and as phase ``"reading"``."""
     step.wall += seconds
@@ -191,19 +204,15 @@ class Race:
     divergence: Divergence | None = None  # where and why the outputs first parted (greedy decoding only)
     batcher: object = None  # a ``tr_core.rounds.Batcher`` shared with other tabs' races (None: alone)
     reading: dict = field(default_factory=dict)  # each side's seconds reading the prompt (in its first step's)
-    unread: bool = False  # started, its prompt's prefill still to run (in its first round, with a batcher)
+    unread: bool = False  # started, its prompt's prefill still to run (in its first step)
     prepared: dict = field(default_factory=dict)  # each side's seconds checking the prompt (its reading's first part)
 
     def start(self, prompt_ids: list[int]) -> None:
-        """Both sides read the prompt (their prefill, and the method's own start: the prompt's logits
-        recycled into its matrix), each timed; each side's first step is charged its reading, so the race
-        times whole generations, as the benchmark and Spec-Bench do.  Alone, the race reads at once; with
-        a batcher, the prompt is checked here and read in the race's first round (:meth:`read_stepping`),
-        its forwards shared with the other races' there."""
+        """Both sides take the prompt (checked, their state reset: each timed); they read it in the race's
+        first step (:meth:`read_stepping`), its forward shared with the other races' there where the race
+        has a batcher.  Each side's first step is charged its reading, so the race times whole
+        generations, as the benchmark and Spec-Bench do."""
         self.speedups, self.baseline, self.divergence = [], [], None
-        if self.batcher is None:
-            self.reading, self.unread = self._read(prompt_ids), False
-            return
         for name, dec in (("method", self.decoder), ("greedy", self.greedy)):
             t0 = time.perf_counter()
             dec.prepare_start(prompt_ids)
@@ -211,15 +220,17 @@ class Race:
         self.reading, self.unread = dict(self.prepared), True
 
     def read_stepping(self) -> Stepping:
-        """Both sides' prefills as a coroutine (:data:`Stepping`), each side's time added to its reading."""
-        for name, dec in (("method", self.decoder), ("greedy", self.greedy)):
-            self.reading[name] = self.prepared[name] + (yield from timed_prefill(dec))
+        """Both sides read the prompt, as a coroutine (:data:`Stepping`), each side's time added to its
+        reading: once for both (:func:`read_once`: the method's prefill, greedy's cache a copy of the
+        method's) where they share a model, else each its own prefill."""
+        if self.greedy.lm is self.decoder.lm and self.greedy.prompt == self.decoder.prompt:
+            method, greedy = yield from read_once(self.decoder, self.greedy)
+            self.reading["method"] += method
+            self.reading["greedy"] += greedy
+        else:
+            for name, dec in (("method", self.decoder), ("greedy", self.greedy)):
+                self.reading[name] += yield from timed_prefill(dec)
         self.unread = False
-
-    def _read(self, prompt_ids: list[int]) -> dict:
-        wake(self.decoder.lm.device)
-        return {"method": timed(self.decoder.start, prompt_ids, self.decoder.lm.device),
-                "greedy": timed(self.greedy.start, prompt_ids, self.greedy.lm.device)}
 
     @property
     def done(self) -> bool:

@@ -85,7 +85,9 @@ class ForwardRequest:
     what it drafted, ``clock`` times its phases, ``started`` (``time.perf_counter()``) when the step
     began.  ``batch``, ``batch_tokens``: the requests and query tokens of the forward that ran it, where
     it was shared with other requests (tr_core.batching).  ``rows``: the positions whose logits the
-    step needs (a prefill's few), the output head run there alone; None: every position."""
+    step needs (a prefill's few), the output head run there alone; None: every position.  ``hidden_rows``:
+    positions whose last hidden states (after the final norm) the step takes instead, in ``hidden``
+    ``[h, d]`` after the forward: its decoder runs the output head there itself, off the forward's clock."""
 
     input_ids: torch.Tensor
     position_ids: torch.Tensor
@@ -98,6 +100,8 @@ class ForwardRequest:
     batch: int = 1  # requests in the forward that ran it (tr_core.batching), and their query tokens
     batch_tokens: int = 0
     rows: torch.Tensor | None = None  # [r] CPU long: the positions whose logits are wanted (None: all)
+    hidden_rows: torch.Tensor | None = None  # [h] CPU long: the positions whose last hidden states are wanted
+    hidden: torch.Tensor | None = None  # [h, d]: those hidden states, once the forward ran
 
 
 @torch.inference_mode()
@@ -112,13 +116,31 @@ def model_forward(lm: LoadedModel, input_ids: torch.Tensor, position_ids: torch.
     return out.logits[0]
 
 
+@contextmanager
+def last_hidden_states(lm: LoadedModel, wanted: bool = True):
+    """Where ``wanted``: the decoder body's last hidden states ``[1, Q, d]`` (after the final norm) of the
+    forward run inside, in the list yielded, for requests that take some of them (``hidden_rows``)."""
+    found: list[torch.Tensor] = []
+    hook = lm.model.get_decoder().register_forward_hook(
+        lambda module, args, out: found.append(out.last_hidden_state)) if wanted else None
+    try:
+        yield found
+    finally:
+        if hook is not None:
+            hook.remove()
+
+
 def run_forward(lm: LoadedModel, request: ForwardRequest) -> torch.Tensor:
-    """The forward phase of a step: ``logits [q, vocab]`` for ``request``'s inputs, timed on its
-    clock as ``"forward"`` (the planners read that time; a caller running several requests' forwards
-    at once times the phase on each request's clock)."""
+    """The forward phase of a step: ``logits [q, vocab]`` for ``request``'s inputs (and its
+    ``hidden``, where it asks for some), timed on its clock as ``"forward"`` (the planners read that
+    time; a caller running several requests' forwards at once times the phase on each request's clock)."""
     keep = request.rows.to(request.input_ids.device) if request.rows is not None else 0
-    with request.clock.phase("forward"):
-        return model_forward(lm, request.input_ids, request.position_ids, request.attention_mask, request.cache, keep)
+    with request.clock.phase("forward"), last_hidden_states(lm, request.hidden_rows is not None) as found:
+        logits = model_forward(lm, request.input_ids, request.position_ids, request.attention_mask,
+                               request.cache, keep)
+    if found:
+        request.hidden = found[0][0, request.hidden_rows.to(found[0].device)]  # [h, d]
+    return logits
 
 
 class Decoder(ABC):
@@ -174,8 +196,9 @@ class Decoder(ABC):
         ids = torch.tensor(self.prompt[:-1], device=self.lm.device)[None]  # [1, L]
         return self.new_request(ids, self.next_positions(ids), rows=torch.tensor([ids.shape[1] - 1]))
 
-    def finish_prefill(self, logits: torch.Tensor) -> None:
-        """What the prefill's ``logits [rows, vocab]`` (of :meth:`prefill_request`) are used for: nothing here."""
+    def finish_prefill(self, request: ForwardRequest, logits: torch.Tensor) -> None:
+        """What the prefill (``request`` of :meth:`prefill_request`, its ``logits [rows, vocab]``) is used
+        for: nothing here."""
 
     @torch.inference_mode()
     def step(self) -> Step:
@@ -194,11 +217,12 @@ class Decoder(ABC):
 
     def new_request(self, input_ids: torch.Tensor, position_ids: torch.Tensor, attention_mask=None,
                     clock: PhaseClock | None = None, draft=None, started: float | None = None,
-                    rows: torch.Tensor | None = None) -> ForwardRequest:
+                    rows: torch.Tensor | None = None, hidden_rows: torch.Tensor | None = None) -> ForwardRequest:
         """A request over this decoder's cache for ``input_ids [1, q]`` at ``position_ids [1, q]``."""
         return ForwardRequest(input_ids, position_ids, attention_mask, self.cache, self.cache_length,
                               clock or PhaseClock(self.lm.device), draft,
-                              time.perf_counter() if started is None else started, rows=rows)
+                              time.perf_counter() if started is None else started, rows=rows,
+                              hidden_rows=hidden_rows)
 
     @property
     def done(self) -> bool:

@@ -91,34 +91,41 @@ class PaperTokenRecycling(TreeDecoder):
         The forward takes the last prompt token too, so ``M[last]`` holds the model's own top-k for
         the first new token: step 1's first drafts are exact.  That token's KV entry is then cropped,
         so the cache ends where every decoder's does and step 1 runs the last token as its root.  The
-        output head and top-k run ``chunk`` positions at a time (``hidden [L + 1, d]`` ->
-        ``logits [chunk, vocab]``), a bounded amount of memory."""
+        output head runs ``chunk`` positions at a time (:meth:`seed`)."""
         prompt = torch.cat([prefix, torch.tensor([self.prompt[-1]], dtype=prefix.dtype, device=prefix.device)])
         hidden = self.forward_hidden(prompt[None])  # [L + 1, d]
         self.cache.crop(-1)  # the last prompt token is step 1's root
         positions, before = self.seed_positions(prompt)
-        head = self.lm.model.get_output_embeddings()
-        with torch.inference_mode():
-            for s in range(0, positions.shape[0], chunk):
-                rows = positions[s:s + chunk]
-                self.matrix.seed_from_prompt(prompt[rows], head(hidden[rows]),
-                                             None if before is None else before[s:s + chunk])
+        self.seed(prompt, positions, hidden[positions], before, chunk)
 
     def prefill_request(self) -> ForwardRequest:
-        """The prefill as a forward request, as :meth:`prefill` runs it: the whole prompt, the logits
-        of the positions whose rows are recycled (``rows``; :meth:`finish_prefill` writes them)."""
+        """The prefill as a forward request, as :meth:`prefill` runs it: the whole prompt, the last
+        hidden states of the positions whose rows are recycled (``hidden_rows``: :meth:`finish_prefill`
+        runs the output head there itself, so a forward that greedy's reading shares costs what
+        greedy's own would), the logits of the last position alone (``rows``)."""
         prompt = torch.tensor(self.prompt, device=self.lm.device)
         positions, _ = self.seed_positions(prompt)
-        return self.new_request(prompt[None], self.next_positions(prompt[None]), rows=positions.cpu())
+        return self.new_request(prompt[None], self.next_positions(prompt[None]),
+                                rows=torch.tensor([len(self.prompt) - 1]), hidden_rows=positions.cpu())
 
-    def finish_prefill(self, logits: torch.Tensor) -> None:
-        """The last prompt token's KV entry cropped (step 1's root) and the prompt's ``logits [u, vocab]``
-        (at ``seed_positions``) recycled into ``M``, as :meth:`prefill` does."""
+    def finish_prefill(self, request: ForwardRequest, logits: torch.Tensor) -> None:
+        """The last prompt token's KV entry cropped (step 1's root) and the prompt recycled into ``M``
+        from the request's ``hidden [u, d]`` (at ``seed_positions``), as :meth:`prefill` does."""
         self.cache.crop(-1)
         prompt = torch.tensor(self.prompt, device=self.lm.device)
         positions, before = self.seed_positions(prompt)
-        with torch.inference_mode():
-            self.matrix.seed_from_prompt(prompt[positions], logits, before)
+        self.seed(prompt, positions, request.hidden, before)
+
+    @torch.inference_mode()
+    def seed(self, prompt: torch.Tensor, positions: torch.Tensor, hidden: torch.Tensor, before,
+             chunk: int = 256) -> None:
+        """``M`` seeded from the prompt: the output head over ``hidden [u, d]``, the last hidden states
+        at ``positions [u]``, and top-k, ``chunk`` rows at a time (``logits [chunk, vocab]``, a bounded
+        amount of memory)."""
+        head = self.lm.model.get_output_embeddings()
+        for s in range(0, positions.shape[0], chunk):
+            self.matrix.seed_from_prompt(prompt[positions[s:s + chunk]], head(hidden[s:s + chunk]),
+                                         None if before is None else before[s:s + chunk])
 
     def seed_positions(self, prompt: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The prompt positions whose logits are recycled, ``[u]``: where the last write wins, only
