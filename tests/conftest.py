@@ -109,6 +109,14 @@ def pytest_configure(config):
         torch.set_num_threads(max(1, cores // workers))
 
 
+def pytest_report_header(config):
+    """The CPU, in the run's header: how long the suite takes depends on it (README)."""
+    from tr_core.bench.report import cpu_words
+    from tr_core.devices import cpu_info
+
+    return f"cpu: {cpu_words(cpu_info())}"
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.module.__name__.rsplit(".", 1)[-1].startswith("test_browser"):
