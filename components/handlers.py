@@ -228,7 +228,7 @@ class Handlers:
         try:
             s = Settings.from_inputs(settings)
             with sess.flight.working():
-                if sess.flight.epoch != epoch:  # Reset came while this step waited for the tab's turn
+                if sess.flight.superseded(epoch):  # Reset came while this step waited for the tab's turn
                     return self.render(sess)
                 self.advance(sess, prompt, s)
                 sess.cursor.frame = 1 if teach else 0
@@ -287,7 +287,7 @@ class Handlers:
         try:
             with sess.flight.working():  # drawn before the turn is let go, as a step is
                 sess.flight.touch()
-                if sess.stepping() is run:  # not Reset while this tick waited for the tab's turn
+                if sess.stepping() is run and not sess.flight.resetting:  # not Reset while it waited for the turn
                     sess.next_step(run)  # this run, even if the prompt or a setting was edited meanwhile
                 out = self.render(sess, self.hold(sess, shown, "Stopped"))
         except Exception as err:
@@ -345,7 +345,7 @@ class Handlers:
         sess = self.session(sess, request)
         epoch = sess.flight.epoch
         with sess.flight.working():  # a step of this tab still running is drawn first: its frames come next
-            if sess.flight.epoch != epoch or self.walk_a_frame(sess):  # (Reset meanwhile: its page stands)
+            if sess.flight.superseded(epoch) or self.walk_a_frame(sess):  # (Reset meanwhile: its page stands)
                 return self.render(sess)
         if sess.replay is not None:
             return self.render(sess, "The end of the replay: the history slider goes back; “Run its prompt live” "
@@ -443,7 +443,8 @@ class Handlers:
 
     def reset(self, request: gr.Request, sess):
         """Final: a run in progress ends at its next step, and the step in flight (if any) is waited
-        for, so that its redraw reaches the page before this one and no late step draws over it."""
+        for; a step that ends meanwhile draws nothing (:meth:`render`), and one still waiting for the
+        tab's turn takes no step, so no late step draws over this page."""
         sess = self.session(sess, request)
         sess.flight.stop = True
         with sess.flight.resetting_now():

@@ -60,9 +60,9 @@ def step_cost_line(view: RunView, n: int) -> str:
     ratio = (step.seconds - read) / ((b["seconds"] - greedy_read) / b["forwards"])
     words = (f"This step: one forward of {step.forward_tokens} token{'s' * (step.forward_tokens != 1)} took "
              f"{ratio:.2f}× a greedy step's time here, and committed {len(step.committed)}.")
-    if read:  # the first step: both sides read the prompt before it, and the counters count it, as the benchmark does
-        words += (f" Before it, each side read the prompt ({read:.2f} s; greedy {greedy_read:.2f} s); the counters "
-                  f"include that.")
+    if read:  # the first step: the prompt read before it, and the counters count it, as the benchmark does
+        words += (f" Before it, the prompt was read for both sides in one forward (charged {read:.2f} s; greedy "
+                  f"{greedy_read:.2f} s); the counters include that.")
     return words
 
 

@@ -395,11 +395,18 @@ class InFlight:
     def resetting_now(self):
         """Reset waits for the step in flight and starts over; a step that ends meanwhile draws nothing.
         Its outputs and Reset's reach the page in either order, so Reset's must be the only draw."""
-        self.resetting += 1
+        with self.tally:
+            self.resetting += 1
         try:
             yield
         finally:
-            self.resetting -= 1
+            with self.tally:
+                self.resetting -= 1
+
+    def superseded(self, epoch: int) -> bool:
+        """Whether Reset came (or is under way) since ``epoch``: a step that had to wait for the tab's turn
+        then takes no step (Reset's page stands)."""
+        return self.epoch != epoch or self.resetting > 0
 
     def drawn_later(self) -> bool:
         """Another event of this tab waits for its turn, and will draw the panels after this one: with tabs

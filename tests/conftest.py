@@ -114,7 +114,8 @@ def pytest_report_header(config):
     from tr_core.bench.report import cpu_words
     from tr_core.devices import cpu_info
 
-    return f"cpu: {cpu_words(cpu_info())}"
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return f"cpu: {cpu_words({**cpu_info(), 'cores': cores})}"
 
 
 def pytest_collection_modifyitems(config, items):

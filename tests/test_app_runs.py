@@ -116,17 +116,26 @@ def test_a_step_that_waited_for_its_turn_across_reset_draws_resets_page(hub):  #
     page = dict(model=EMBEDDED_LABEL, tree="paper-80", k=8, max_new_tokens=24, hot_start=True, lookup=False,
                 method="Token Recycling (TR)", temperature=0.0, top_p=1.0, seed=0, start="hot")
     sess = h.step(None, None, PROMPT, **page)[0]
-    assert len(sess.view().steps) == 1
+    race, outs = sess.live.race, {}
+    assert len(race.decoder.steps) == 1
     with sess.flight.working():  # the tab's step in flight
-        waiting = threading.Thread(target=h.step, args=(None, sess, PROMPT), kwargs=page)
+        waiting = threading.Thread(target=lambda: outs.update(step=h.step(None, sess, PROMPT, **page)))
         waiting.start()
         deadline = time.monotonic() + 30
         while not sess.flight.drawn_later() and time.monotonic() < deadline:
             time.sleep(0.01)
         assert sess.flight.drawn_later()
-        sess.reset()  # what Reset does once the step in flight is over
+        resetting = threading.Thread(target=h.reset, args=(None, sess))
+        resetting.start()
+        while not sess.flight.resetting and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert sess.flight.resetting
+    # the step in flight ends: the waiting Step has the tab's turn before Reset starts over
     waiting.join(60)
+    resetting.join(60)
+    assert len(race.decoder.steps) == 1, "the waiting Step stepped the run Reset was dropping"
     assert sess.view() is None or not sess.view().steps, "a step ran after Reset"
+    assert all(is_skip(o) for o in outs["step"][1:]), "its draw would land over Reset's"
 
 
 def test_a_step_that_ends_while_reset_waits_for_it_draws_nothing(hub):  # noqa: F811

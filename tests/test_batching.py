@@ -178,8 +178,10 @@ def test_races_read_their_prompts_once_for_both_sides_and_together_as_alone():
         assert not race.unread and race.reading["method"] > 0 and race.reading["greedy"] > 0
         for side, other in ((race.decoder, lone.decoder), (race.greedy, lone.greedy)):
             assert side.cache_length == other.cache_length == len(side.prompt) - 1
+        assert len(race.greedy.cache.layers) == len(race.decoder.cache.layers)
         for mine, theirs in zip(race.greedy.cache.layers, race.decoder.cache.layers):  # greedy's: a copy
-            assert torch.equal(mine.keys, theirs.keys) and mine.keys.data_ptr() != theirs.keys.data_ptr()
+            assert torch.equal(mine.keys, theirs.keys) and torch.equal(mine.values, theirs.values)
+            assert mine.keys.data_ptr() != theirs.keys.data_ptr()
         if isinstance(race.decoder, TokenRecyclingDecoder):
             assert torch.equal(race.decoder.matrix.table, lone.decoder.matrix.table)
     for race in alone:
@@ -191,6 +193,29 @@ def test_races_read_their_prompts_once_for_both_sides_and_together_as_alone():
         assert race.decoder.output == lone.decoder.output and race.greedy.output == lone.greedy.output
     with pytest.raises(DecodeError):  # a prompt that cannot be read is refused at start, not in a round
         Race(GreedyDecoder(lm, 8), GreedyDecoder(lm, 8), batcher=batcher).start([])
+
+
+@pytest.mark.parametrize("family", sorted(family_configs()))
+def test_greedys_copy_of_the_prompts_reading_is_what_its_own_prefill_writes(family):
+    """Every decoder reads a prompt in the same forward (the whole prompt, as ``generate`` does), so the
+    cache a race's greedy side copies from TR's reading is the one its own prefill writes, bit for bit,
+    on every family (Gemma 2's eager attention included), and greedy then decodes what ``generate`` does."""
+    from tr_core.race import drive
+
+    lm = random_lm(family_configs()[family])
+    ids = PROMPTS[2]  # past the windowed families' window
+    race = Race(TokenRecyclingDecoder(lm, max_new_tokens=10), GreedyDecoder(lm, 10))
+    race.start(ids)
+    drive([race.read_stepping()])
+    own = GreedyDecoder(lm, 10)
+    own.start(ids)
+    assert len(race.greedy.cache.layers) == len(own.cache.layers) > 0
+    for mine, theirs in zip(race.greedy.cache.layers, own.cache.layers):
+        assert torch.equal(mine.keys, theirs.keys) and torch.equal(mine.values, theirs.values)
+    while not race.done:
+        race.step()
+    assert race.greedy.output == own.generate(ids) == reference_greedy(lm, ids, 10)
+    assert race.decoder.output == race.greedy.output
 
 
 def test_a_race_that_asks_while_others_step_joins_them_at_the_next_forward():

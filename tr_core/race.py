@@ -24,7 +24,7 @@ import torch
 from .batching import can_pack, run_forwards
 from .cache import copy_cache
 from .decoders import Decoder, GreedyDecoder
-from .decoders.base import ForwardRequest
+from .decoders.base import ForwardRequest, run_forward
 from .devices import synchronize, wake
 from .models import LoadedModel
 from .precision import Divergence, explain_divergence
@@ -68,31 +68,32 @@ def timed_prefill(dec: Decoder) -> Stepping:
 
 def prefill_timing(dec: Decoder) -> Stepping:
     """:func:`timed_prefill`, returning ``(seconds of the whole prefill, seconds of its forward)``."""
+    dec.cache = dec.lm.new_cache()  # empty (a read that failed half-way left entries; a freed cache none)
     if len(dec.prompt) < 2:
         return 0.0, 0.0
     synchronize(dec.lm.device)
     t0, waited = time.perf_counter(), 0.0
-    dec.cache = dec.lm.new_cache()  # empty (a read that failed half-way left entries; a freed cache none)
+    request = dec.prefill_request()
     if len(dec.prompt) > PACKED_PROMPT:
-        dec.prefill(torch.tensor(dec.prompt[:-1], device=dec.lm.device))
-        forward = None
+        logits = run_forward(dec.lm, request)
+        synchronize(dec.lm.device)
+        forward = time.perf_counter() - t0
     else:
-        request = dec.prefill_request()
         handed = time.perf_counter()
         logits, forward = yield dec.lm, request
         waited = max(0.0, time.perf_counter() - handed - forward)
-        dec.finish_prefill(request, logits)
+    dec.finish_prefill(request, logits)
     synchronize(dec.lm.device)
-    seconds = time.perf_counter() - t0 - waited
-    return seconds, seconds if forward is None else forward
+    return time.perf_counter() - t0 - waited, forward
 
 
 def read_once(dec: Decoder, other: Decoder) -> Stepping:
     """One prompt read once for two decoders of one model: ``dec``'s prefill (:func:`prefill_timing`),
-    then ``other``'s KV cache a copy of ``dec``'s, the entries its own prefill of the same tokens would
+    then ``other``'s KV cache a copy of ``dec``'s: every decoder reads a prompt in the same forward
+    (the whole prompt, as ``generate`` does), so these are the entries ``other``'s own prefill would
     write.  Returns ``(dec's seconds, other's seconds)``: ``other`` is charged the forward, what its own
-    prefill would have cost (a token more where ``dec``'s prefill reads the last prompt token too, as
-    TR's does), and the copy, but not ``dec``'s use of the prompt's logits."""
+    prefill costs, and the copy, but not ``dec``'s own use of the prompt (TR's output head over it and
+    the top-k it recycles, run after the forward)."""
     seconds, forward = yield from prefill_timing(dec)
     t0 = time.perf_counter()
     other.cache = copy_cache(dec.cache, other.lm.new_cache())
@@ -102,7 +103,8 @@ def read_once(dec: Decoder, other: Decoder) -> Stepping:
 
 class Lockstep:
     """Coroutines (:data:`Stepping`) stepped together: each :meth:`forward` packs the next request of
-    every live coroutine on one model into one forward, ``forwards(lm, requests) -> [logits]``.  A
+    every live coroutine on one model into one forward, ``forwards(lm, requests) -> [logits]`` (which also
+fills the ``hidden`` of a request that asks for some: :func:`tr_core.batching.run_forwards`).  A
     coroutine can join between forwards (:meth:`add`); each one's result (its return value, or the
     exception that ended it) is handed back as soon as it ends."""
 
@@ -225,11 +227,10 @@ class Race:
         method's) where they share a model, else each its own prefill."""
         if self.greedy.lm is self.decoder.lm and self.greedy.prompt == self.decoder.prompt:
             method, greedy = yield from read_once(self.decoder, self.greedy)
-            self.reading["method"] += method
-            self.reading["greedy"] += greedy
-        else:
+            self.reading = {"method": self.prepared["method"] + method, "greedy": self.prepared["greedy"] + greedy}
+        else:  # each side its own prefill (a read that failed half-way is read again from the start)
             for name, dec in (("method", self.decoder), ("greedy", self.greedy)):
-                self.reading[name] += yield from timed_prefill(dec)
+                self.reading[name] = self.prepared[name] + (yield from timed_prefill(dec))
         self.unread = False
 
     @property

@@ -15,6 +15,7 @@ decoders together::
 """
 from __future__ import annotations
 
+import threading
 import time
 from abc import ABC, abstractmethod
 from contextlib import contextmanager
@@ -119,15 +120,24 @@ def model_forward(lm: LoadedModel, input_ids: torch.Tensor, position_ids: torch.
 @contextmanager
 def last_hidden_states(lm: LoadedModel, wanted: bool = True):
     """Where ``wanted``: the decoder body's last hidden states ``[1, Q, d]`` (after the final norm) of the
-    forward run inside, in the list yielded, for requests that take some of them (``hidden_rows``)."""
+    forward this thread runs inside, in the list yielded, for requests that take some of them
+    (``hidden_rows``)."""
     found: list[torch.Tensor] = []
-    hook = lm.model.get_decoder().register_forward_hook(
-        lambda module, args, out: found.append(out.last_hidden_state)) if wanted else None
+    thread = threading.get_ident()
+
+    def keep(module, args, out):
+        if threading.get_ident() == thread:  # not another thread's forward of the same model
+            found.append(out.last_hidden_state)
+
+    hook = lm.model.get_decoder().register_forward_hook(keep) if wanted else None
     try:
         yield found
     finally:
         if hook is not None:
             hook.remove()
+    if wanted and len(found) != 1:
+        raise RuntimeError(f"the forward gave {len(found)} sets of hidden states, not one: the model's decoder "
+                           "body (get_decoder()) did not run once")
 
 
 def run_forward(lm: LoadedModel, request: ForwardRequest) -> torch.Tensor:
@@ -191,14 +201,15 @@ class Decoder(ABC):
         return len(ids) > 1
 
     def prefill_request(self) -> ForwardRequest:
-        """The prefill as a forward request: every prompt token but the last, causal, the logits of
-        the last position alone (``rows``)."""
-        ids = torch.tensor(self.prompt[:-1], device=self.lm.device)[None]  # [1, L]
+        """The prefill as a forward request, as :meth:`prefill` runs it: the whole prompt, causal, the
+        logits of the last position alone (``rows``); :meth:`finish_prefill` crops the last entry."""
+        ids = torch.tensor(self.prompt, device=self.lm.device)[None]  # [1, L + 1]
         return self.new_request(ids, self.next_positions(ids), rows=torch.tensor([ids.shape[1] - 1]))
 
     def finish_prefill(self, request: ForwardRequest, logits: torch.Tensor) -> None:
-        """What the prefill (``request`` of :meth:`prefill_request`, its ``logits [rows, vocab]``) is used
-        for: nothing here."""
+        """After the prefill's forward (``request`` of :meth:`prefill_request`, its ``logits [rows,
+        vocab]``): the last prompt token's entry cropped (the next step's root)."""
+        self.cache.crop(-1)
 
     @torch.inference_mode()
     def step(self) -> Step:
@@ -260,8 +271,13 @@ class Decoder(ABC):
         return torch.tensor(self.prompt + self.output)
 
     def prefill(self, prefix: torch.Tensor) -> None:
-        """Run ``prefix [L]`` into the cache; subclasses may use the logits."""
-        self.forward(prefix[None], logits_to_keep=1)
+        """Run ``prefix [L]`` into the cache as ``generate`` reads a prompt: in one forward with the token
+        after it (``last``, the next step's root), whose entry is then cropped.  So a decoder's cache
+        holds the entries of one reading of the whole text, the same for every decoder (a race reads a
+        prompt once for both sides: ``tr_core.race.read_once``); subclasses may use the logits."""
+        whole = torch.cat([prefix, self.last.reshape(1).to(device=prefix.device, dtype=prefix.dtype)])
+        self.forward(whole[None], logits_to_keep=1)
+        self.cache.crop(-1)
 
     def next_positions(self, input_ids: torch.Tensor) -> torch.Tensor:
         """``[1, q]``: the positions right after the cache, for ``input_ids [1, q]`` in a row."""

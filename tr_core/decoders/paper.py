@@ -111,6 +111,8 @@ class PaperTokenRecycling(TreeDecoder):
     def finish_prefill(self, request: ForwardRequest, logits: torch.Tensor) -> None:
         """The last prompt token's KV entry cropped (step 1's root) and the prompt recycled into ``M``
         from the request's ``hidden [u, d]`` (at ``seed_positions``), as :meth:`prefill` does."""
+        if request.hidden is None:
+            raise RuntimeError("the prefill's forward did not hand over the prompt's hidden states (hidden_rows)")
         self.cache.crop(-1)
         prompt = torch.tensor(self.prompt, device=self.lm.device)
         positions, before = self.seed_positions(prompt)
