@@ -218,6 +218,37 @@ def test_greedys_copy_of_the_prompts_reading_is_what_its_own_prefill_writes(fami
     assert race.decoder.output == race.greedy.output
 
 
+def test_in_a_class_greedys_first_token_rides_in_the_methods_forward_and_alone_it_does_not():
+    """Races stepped together (a class) run the method's tree and greedy's first token of each step in
+    one forward; a race alone keeps them apart, each timed on its own.  Every output is as alone."""
+    lm = random_lm(family_configs()["llama"])
+    sizes = []
+
+    def counted(lm_, requests):
+        sizes.append(len(requests))
+        return run_forwards(lm_, requests)
+
+    def races():
+        out = [Race(TokenRecyclingDecoder(lm, max_new_tokens=12), GreedyDecoder(lm, 12)) for _ in PROMPTS[:2]]
+        for race, ids in zip(out, PROMPTS[:2]):
+            race.start(ids)
+        return out
+
+    alone = races()
+    for race in alone:
+        while not race.done:
+            step_races([race], counted)
+    assert set(sizes) == {1} and not any(r.company for r in alone)
+    sizes.clear()
+    together = races()
+    while any(not r.done for r in together):
+        step_races([r for r in together if not r.done], counted)
+    assert max(sizes) == 4  # two races' trees and greedy tokens in one forward
+    for race, lone in zip(together, alone):
+        assert race.decoder.output == lone.decoder.output and race.greedy.output == lone.greedy.output
+        assert len(race.greedy.steps) == len(lone.greedy.steps) and race.figures()["identical"]
+
+
 def test_a_race_that_asks_while_others_step_joins_them_at_the_next_forward():
     """A tab that presses Step while another tab's step runs does not wait for that step to end: its
     race joins the serving loop at the next forward (one loop serves both, a forward carries both), and
@@ -229,9 +260,10 @@ def test_a_race_that_asks_while_others_step_joins_them_at_the_next_forward():
     lone = [Race(TokenRecyclingDecoder(lm, max_new_tokens=12), GreedyDecoder(lm, 12)) for _ in range(2)]
     for race, ids in zip([first, second, *lone], PROMPTS[:2] * 2):
         race.start(ids)
-    forwards, joined = batcher._forwards, []
+    forwards, joined, carried = batcher._forwards, [], []
 
     def forward_once_second_asks(lm_, requests):
+        carried.append({id(r.cache) for r in requests})
         if not joined:
             joined.append(threading.Thread(target=second.step, daemon=True))
             joined[0].start()
@@ -242,7 +274,9 @@ def test_a_race_that_asks_while_others_step_joins_them_at_the_next_forward():
     batcher._forwards = forward_once_second_asks
     first.step()
     joined[0].join(timeout=60)
-    assert list(batcher.rounds) == [2] and max(batcher.sizes) == 2, (batcher.rounds, batcher.sizes)
+    assert list(batcher.rounds) == [2], batcher.rounds
+    ones, twos = ({id(r.decoder.cache), id(r.greedy.cache)} for r in (first, second))
+    assert any(caches & ones and caches & twos for caches in carried), "no forward carried both tabs"
     for race, alone in zip([first, second], lone):
         alone.step()
         assert race.decoder.output == alone.decoder.output and race.greedy.output == alone.greedy.output

@@ -1,9 +1,11 @@
 """A tree decoder and plain greedy decoding on the same prompt and model, advanced side by side.
 
 At every step of the tree decoder, greedy decodes until it has at least as many tokens, one forward
-at a time, in the same step: the two never run at once, so neither slows the other.  Every other
-step, greedy's first forward of the step runs before the method's, so that whatever slows a step's
-first forward (a processor idle while the page drew) is charged to both sides alike.
+at a time, in the same step: alone, the two never run at once, so neither slows the other.  Every
+other step, greedy's first forward of the step runs before the method's, so that whatever slows a
+step's first forward (a processor idle while the page drew) is charged to both sides alike.  In a
+class (races stepped together), greedy's first token of a step rides in the method's forward instead
+(:meth:`Race.rides_along`): each side is charged a shared forward there anyway.
 
 A step is written as a coroutine (:meth:`Race.stepping`) that yields each forward it needs and is
 sent the logits back, so that several races (a class of tabs) step together: :class:`Lockstep` runs
@@ -110,7 +112,7 @@ fills the ``hidden`` of a request that asks for some: :func:`tr_core.batching.ru
 
     def __init__(self, forwards: Callable = run_forwards):
         self.forwards = forwards
-        self.waiting: dict[object, tuple[Stepping, LoadedModel, ForwardRequest]] = {}
+        self.waiting: dict[object, tuple[Stepping, LoadedModel, ForwardRequest | list[ForwardRequest]]] = {}
 
     def add(self, key, stepping: Stepping) -> list[tuple[object, object]]:
         """Start ``stepping`` (under ``key``) up to its first forward; ``[(key, result)]`` if it ended already."""
@@ -127,12 +129,16 @@ fills the ``hidden`` of a request that asks for some: :func:`tr_core.batching.ru
         try:
             synchronize(lm.device)
             t0 = time.perf_counter()
-            logits = self.forwards(lm, [request for _, _, request in taken])
+            rows = iter(self.forwards(lm, [r for _, _, asked in taken for r in _listed(asked)]))
             synchronize(lm.device)
         except Exception as err:
             return [done for k, (st, _, _) in zip(keys, taken) for done in self._resume(k, st, error=err)]
         took = time.perf_counter() - t0
-        return [done for k, (st, _, _), row in zip(keys, taken, logits) for done in self._resume(k, st, (row, took))]
+        ended = []
+        for k, (st, _, asked) in zip(keys, taken):  # each its own logits (a list where it asked for several)
+            answer = [(next(rows), took) for _ in asked] if isinstance(asked, list) else (next(rows), took)
+            ended += self._resume(k, st, answer)
+        return ended
 
     def _resume(self, key, stepping: Stepping, value=None, error: BaseException | None = None) -> list:
         try:
@@ -143,6 +149,29 @@ fills the ``hidden`` of a request that asks for some: :func:`tr_core.batching.ru
             return [(key, err)]
         self.waiting[key] = (stepping, lm, request)
         return []
+
+
+def _listed(asked) -> list:
+    return asked if isinstance(asked, list) else [asked]
+
+
+def side_by_side(first: Stepping, second: Stepping) -> Generator:
+    """Two coroutines (:data:`Stepping`, on one model) stepped side by side: each forward carries the next
+    request of each one still going (yields ``(model, [requests])``, is sent ``[(logits, seconds)]``);
+    returns both results."""
+    live, answers, results = {0: first, 1: second}, {0: None, 1: None}, [None, None]
+    while live:
+        asked = {}
+        for i, stepping in list(live.items()):
+            try:
+                asked[i] = stepping.send(answers[i])
+            except StopIteration as end:
+                results[i] = end.value
+                del live[i]
+        if asked:
+            lm = next(iter(asked.values()))[0]
+            answers.update(zip(asked, (yield lm, [request for _, request in asked.values()])))
+    return results
 
 
 def drive(steppings: list[Stepping], forwards: Callable = run_forwards) -> list:
@@ -187,6 +216,8 @@ def step_races(races: list["Race"], forwards: Callable = run_forwards) -> list:
     live = [r for r in ready if isinstance(r, Race)]
     if live:
         wake(live[0].decoder.lm.device)
+    for race in live:
+        race.company = len(live) > 1
     stepped = iter(drive([race.stepping() for race in live], forwards))
     return [next(stepped) if isinstance(r, Race) else r for r in ready]
 
@@ -208,6 +239,7 @@ class Race:
     reading: dict = field(default_factory=dict)  # each side's seconds reading the prompt (in its first step's)
     unread: bool = False  # started, its prompt's prefill still to run (in its first step)
     prepared: dict = field(default_factory=dict)  # each side's seconds checking the prompt (its reading's first part)
+    company: bool = False  # other races share this step's forwards (a class): greedy's first token rides with the method's
 
     def start(self, prompt_ids: list[int]) -> None:
         """Both sides take the prompt (checked, their state reset: each timed); they read it in the race's
@@ -246,14 +278,18 @@ class Race:
 
     def stepping(self) -> Stepping:
         """One step as a coroutine (:data:`Stepping`; returns the method's ``Step``): greedy's first
-        step (every other step), the method's step, greedy's catch-up to the method's tokens, then the
+        step (every other step; in a class, in the method's forward), the method's step, greedy's
+        catch-up to the method's tokens, then the
         race's counters; a divergence from greedy is explained where it first appears.  A race that has
         not read its prompt yet reads it first."""
         if self.unread:
             yield from self.read_stepping()
-        if self.greedy_goes_first():
-            yield from self.greedy_stepping()
-        step = yield from timed_stepping(self.decoder)
+        if self.rides_along():
+            step, _ = yield from side_by_side(timed_stepping(self.decoder), self.greedy_stepping())
+        else:
+            if self.greedy_goes_first():
+                yield from self.greedy_stepping()
+            step = yield from timed_stepping(self.decoder)
         if len(self.decoder.steps) == 1:
             charge_reading(step, self.reading.get("method", 0.0))
         while not self.greedy.done and len(self.greedy.output) < len(self.decoder.output):
@@ -267,13 +303,24 @@ class Race:
                                                  self.decoder.output, step.forward_tokens)
         return step
 
+    def greedy_needs_a_step(self) -> bool:
+        """Whether greedy needs a step whatever the method commits: it is no further than the method,
+        which commits at least one token."""
+        return not self.greedy.done and len(self.greedy.output) <= len(self.decoder.output)
+
+    def rides_along(self) -> bool:
+        """Whether greedy's first step of this step runs in the method's forward: in a class (other races
+        share the forwards, so each side is charged a shared forward anyway), where the two can share one.
+        A race alone keeps its two sides' forwards apart, each timed on its own."""
+        return (self.company and self.greedy_needs_a_step() and self.greedy.lm is self.decoder.lm
+                and can_pack(self.decoder.lm))
+
     def greedy_goes_first(self) -> bool:
         """Whether this step's first timed forward is greedy's: every other step, where greedy needs a step
-        whatever the method commits (it is no further than the method, which commits at least one token).
-        The first forward after a pause (the page drawing, a person reading) can run slower than the ones
-        that follow it; taking turns charges that to both sides alike."""
-        return (len(self.decoder.steps) % 2 == 1 and not self.greedy.done
-                and len(self.greedy.output) <= len(self.decoder.output))
+        whatever the method commits (:meth:`greedy_needs_a_step`).  The first forward after a pause (the
+        page drawing, a person reading) can run slower than the ones that follow it; taking turns charges
+        that to both sides alike."""
+        return len(self.decoder.steps) % 2 == 1 and self.greedy_needs_a_step()
 
     def greedy_stepping(self) -> Stepping:
         """One timed step of greedy; its first carries its reading of the prompt."""

@@ -90,6 +90,7 @@ class Batcher:
                     gc.collect(1)  # what callers left to collect is not a step's work
                 for job in joining:
                     served += 1
+                    job.race.company = len(joining) + len(lockstep.waiting) > 1  # a class: Race.rides_along
                     ready = prepare_race(job.race)
                     if isinstance(ready, BaseException):
                         hand([(job, ready)])
