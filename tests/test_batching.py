@@ -7,12 +7,14 @@ import threading
 import pytest
 import torch
 
+from components.counters import shared_words
 from tr_core import GreedyDecoder, PromptLookupDecoder, TokenRecyclingDecoder
 from tr_core.batching import can_pack, causal_mask, run_forwards
 from tr_core.bench.random_models import family_configs, random_lm
 from tr_core.decoders import ProgressiveTreeDecoder
 from tr_core.race import Race, step_races
 from tr_core.rounds import Batcher
+from tr_core.runs import step_from_dict
 from tr_core.sampling import SamplingConfig
 
 from .conftest import reference_greedy
@@ -247,6 +249,15 @@ def test_in_a_class_greedys_first_token_rides_in_the_methods_forward_and_alone_i
     for race, lone in zip(together, alone):
         assert race.decoder.output == lone.decoder.output and race.greedy.output == lone.greedy.output
         assert len(race.greedy.steps) == len(lone.greedy.steps) and race.figures()["identical"]
+        # the counters say which forwards were shared, and what the speedup then means
+        assert lone.figures()["tr"]["shared"] == lone.figures()["greedy"]["shared"] == 0
+        assert not shared_words(lone.figures())
+        mine = race.figures()
+        assert mine["tr"]["shared"] == sum(1 for s in race.decoder.steps if s.shared) > 0
+        assert race.baseline[-1]["shared"] == mine["greedy"]["shared"] > 0
+        assert f"{mine['tr']['shared']} of the method's {mine['tr']['forwards']}" in shared_words(mine)
+        step = next(s for s in race.decoder.steps if s.shared)
+        assert step_from_dict(step.to_dict(), step.index).shared == step.shared  # run files keep it
 
 
 def test_a_race_that_asks_while_others_step_joins_them_at_the_next_forward():

@@ -29,8 +29,8 @@ def forward_passes(page) -> int:
 def class_load(url: str, tabs: int = 8, steps: int = 3, browser=None) -> dict:
     """One tab runs ``RUNNER`` towards the end while ``tabs`` others each press Step ``steps`` times (the
     next press once the last one is drawn).  Returns each tab's waits (seconds from a press to its
-    drawn step), whether the run was still going when every other tab had its steps, and the wait
-    notes each tab showed meanwhile (``components/keyboard.js``).  Then the running tab stops.
+    drawn step), whether the run was still going when every other tab had its steps, the wait notes
+    each tab showed meanwhile (``components/keyboard.js``) and every tab's counters.  Then the running tab stops.
     ``browser``: a Playwright browser, each tab in a context of its own (default: Debian's chromium)."""
     if browser is None:
         from playwright.sync_api import sync_playwright
@@ -77,9 +77,10 @@ def class_load(url: str, tabs: int = 8, steps: int = 3, browser=None) -> dict:
             assert not pending, f"tabs {sorted(pending)} never got step {n}"
         still_running = "Done" not in runner.locator("#status").inner_text()
         notes = [page.evaluate("window.trWaitNotes || []") for page in others]  # what each waiting tab said
+        counters = [page.locator("#counters").inner_text() for page in pages]
         stop_cleanly(runner)  # the class has had its steps
         return {"waits": waits, "run_still_going": still_running, "run_steps": forward_passes(runner),
-                "wait_notes": notes}
+                "wait_notes": notes, "counters": counters}
     finally:
         for c in contexts:
             c.close()
@@ -102,6 +103,9 @@ def test_eight_tabs_are_served_while_a_ninth_runs_to_the_end(browser, four_side_
                for n in said), said
     ahead = [int(m.group(1)) for m in (re.search(r"(\d+) ahead", n) for n in said) if m]
     assert any(a > 1 for a in ahead), f"9 tabs on 4 places: some step waits behind more than one ({said})"
+    shared = [c for c in out["counters"] if "A class on this server" in c]
+    assert shared, "tabs whose forwards ran together should say what their speedup then means"
+    assert all(re.search(r"\d+ of the method's \d+ forward passes", c) for c in shared)
     print("longest waits (s):", [round(max(w), 1) for w in out["waits"]], "run steps:", out["run_steps"])
 
 

@@ -54,6 +54,7 @@ def timed_stepping(dec: Decoder) -> Stepping:
     step = dec.finish_step(request, logits)
     synchronize(dec.lm.device)
     step.wall = time.perf_counter() - t0 - step.timings.get("queue", 0.0)
+    step.shared = max(request.batch - 1, 0)
     return step
 
 
@@ -297,7 +298,8 @@ class Race:
         self.speedups.append(self.figures()["speedup"])
         g = self.greedy
         self.baseline.append({"tokens": len(g.output), "forwards": len(g.steps),
-                              "seconds": sum(s.seconds for s in g.steps), "reading": self.reading.get("greedy", 0.0)})
+                              "seconds": sum(s.seconds for s in g.steps), "reading": self.reading.get("greedy", 0.0),
+                              "shared": sum(1 for s in g.steps if s.shared)})
         if self.divergence is None and self.decoder.sampler is None and not self.figures()["identical"]:
             self.divergence = explain_divergence(self.decoder.lm, self.decoder.prompt, self.greedy.output,
                                                  self.decoder.output, step.forward_tokens)
@@ -349,7 +351,8 @@ class Race:
             secs = sum(s.seconds for s in dec.steps)
             n = len(dec.output)
             return {"tokens": n, "forwards": len(dec.steps), "mat": n / len(dec.steps) if dec.steps else 0.0,
-                    "tok_per_s": n / secs if secs else 0.0, "seconds": secs}
+                    "tok_per_s": n / secs if secs else 0.0, "seconds": secs,
+                    "shared": sum(1 for s in dec.steps if s.shared)}
         tr, g = side(self.decoder), side(self.greedy)
         n = min(len(self.decoder.output), len(self.greedy.output))
         return {"tr": tr, "greedy": g,
