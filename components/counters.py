@@ -31,14 +31,14 @@ def cost_words(fig: dict, cpu: bool) -> str:
     return words
 
 
-def shared_words(fig: dict) -> str:
+def alongside_words(fig: dict) -> str:
     """Where the tab's forwards ran together with other tabs' steps (a class on one server): what the
     speedup then means.  "" for a tab that had the model to itself."""
     tr, g = fig["tr"], fig["greedy"]
-    if not (tr.get("shared") or g.get("shared")):
+    if not (tr.get("alongside") or g.get("alongside")):
         return ""
-    return (f"A class on this server: {tr['shared']} of the method's {tr['forwards']} forward passes and "
-            f"{g['shared']} of the baseline's {g['forwards']} ran together with other tabs' steps. Each is "
+    return (f"A class on this server: {tr['alongside']} of the method's {tr['forwards']} forward passes and "
+            f"{g['alongside']} of the baseline's {g['forwards']} ran together with other tabs' steps. Each is "
             "charged that whole forward, what this tab waited for, so the speedup here is a busy server's, "
             "not this tab's alone.")
 
@@ -77,7 +77,7 @@ def counters_html(fig: dict | None, method_label: str = "Token Recycling", sampl
         + f"<tr class='speedup'><th>speedup here</th><td colspan=2><b>{fig['speedup']:.2f}×</b></td></tr></table>"
         + f"<div class='same'>{same}</div>" + later
         + (f"<div class='cost'>{html.escape(cost_words(fig, cpu))}</div>" if cost_words(fig, cpu) else "")
-        + (f"<div class='shared'>{html.escape(shared_words(fig))}</div>" if shared_words(fig) else "")
+        + (f"<div class='alongside'>{html.escape(alongside_words(fig))}</div>" if alongside_words(fig) else "")
         + (f"<div class='step-cost'>{html.escape(step_line)}</div>" if step_line else "")
         + f"<div class='mat-words'>{MAT_WORDS}</div>"
         + (f"<div class='start'>Matrix: {html.escape(start)}.</div>" if start else "")

@@ -77,11 +77,11 @@ class RunView:
         secs = sum(s.seconds for s in self.steps[:n])
         tokens = self.tokens_until(n)
         tr = {"tokens": tokens, "forwards": n, "mat": tokens / n, "tok_per_s": tokens / secs if secs else 0.0,
-              "seconds": secs, "shared": sum(1 for s in self.steps[:n] if s.shared)}
+              "seconds": secs, "alongside": sum(1 for s in self.steps[:n] if s.alongside)}
         b = self.baseline[n - 1]
         g = {"tokens": b["tokens"], "forwards": b["forwards"], "mat": b["tokens"] / max(b["forwards"], 1),
              "tok_per_s": b["tokens"] / b["seconds"] if b["seconds"] else 0.0, "seconds": b["seconds"],
-             "shared": b.get("shared", 0)}
+             "alongside": b.get("alongside", 0)}
         both = min(tokens, b["tokens"])
         return {"tr": tr, "greedy": g, "speedup": tr["tok_per_s"] / g["tok_per_s"] if g["tok_per_s"] else 0.0,
                 "identical": self.output[:both] == self.baseline_output[:both], "compared": both}

@@ -7,7 +7,7 @@ import threading
 import pytest
 import torch
 
-from components.counters import shared_words
+from components.counters import alongside_words
 from tr_core import GreedyDecoder, PromptLookupDecoder, TokenRecyclingDecoder
 from tr_core.batching import can_pack, causal_mask, run_forwards
 from tr_core.bench.random_models import family_configs, random_lm
@@ -250,14 +250,14 @@ def test_in_a_class_greedys_first_token_rides_in_the_methods_forward_and_alone_i
         assert race.decoder.output == lone.decoder.output and race.greedy.output == lone.greedy.output
         assert len(race.greedy.steps) == len(lone.greedy.steps) and race.figures()["identical"]
         # the counters say which forwards were shared, and what the speedup then means
-        assert lone.figures()["tr"]["shared"] == lone.figures()["greedy"]["shared"] == 0
-        assert not shared_words(lone.figures())
+        assert lone.figures()["tr"]["alongside"] == lone.figures()["greedy"]["alongside"] == 0
+        assert not alongside_words(lone.figures())
         mine = race.figures()
-        assert mine["tr"]["shared"] == sum(1 for s in race.decoder.steps if s.shared) > 0
-        assert race.baseline[-1]["shared"] == mine["greedy"]["shared"] > 0
-        assert f"{mine['tr']['shared']} of the method's {mine['tr']['forwards']}" in shared_words(mine)
-        step = next(s for s in race.decoder.steps if s.shared)
-        assert step_from_dict(step.to_dict(), step.index).shared == step.shared  # run files keep it
+        assert mine["tr"]["alongside"] == sum(1 for s in race.decoder.steps if s.alongside) > 0
+        assert race.baseline[-1]["alongside"] == mine["greedy"]["alongside"] > 0
+        assert f"{mine['tr']['alongside']} of the method's {mine['tr']['forwards']}" in alongside_words(mine)
+        step = next(s for s in race.decoder.steps if s.alongside)
+        assert step_from_dict(step.to_dict(), step.index).alongside == step.alongside  # run files keep it
 
 
 def test_a_race_that_asks_while_others_step_joins_them_at_the_next_forward():

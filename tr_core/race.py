@@ -54,7 +54,7 @@ def timed_stepping(dec: Decoder) -> Stepping:
     step = dec.finish_step(request, logits)
     synchronize(dec.lm.device)
     step.wall = time.perf_counter() - t0 - step.timings.get("queue", 0.0)
-    step.shared = max(request.batch - 1, 0)
+    step.alongside = max(request.batch - 1, 0)
     return step
 
 
@@ -299,7 +299,7 @@ class Race:
         g = self.greedy
         self.baseline.append({"tokens": len(g.output), "forwards": len(g.steps),
                               "seconds": sum(s.seconds for s in g.steps), "reading": self.reading.get("greedy", 0.0),
-                              "shared": sum(1 for s in g.steps if s.shared)})
+                              "alongside": sum(1 for s in g.steps if s.alongside)})
         if self.divergence is None and self.decoder.sampler is None and not self.figures()["identical"]:
             self.divergence = explain_divergence(self.decoder.lm, self.decoder.prompt, self.greedy.output,
                                                  self.decoder.output, step.forward_tokens)
@@ -352,7 +352,7 @@ class Race:
             n = len(dec.output)
             return {"tokens": n, "forwards": len(dec.steps), "mat": n / len(dec.steps) if dec.steps else 0.0,
                     "tok_per_s": n / secs if secs else 0.0, "seconds": secs,
-                    "shared": sum(1 for s in dec.steps if s.shared)}
+                    "alongside": sum(1 for s in dec.steps if s.alongside)}
         tr, g = side(self.decoder), side(self.greedy)
         n = min(len(self.decoder.output), len(self.greedy.output))
         return {"tr": tr, "greedy": g,

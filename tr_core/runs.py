@@ -9,7 +9,7 @@ Layout (``FORMAT`` = "token-recycling-run", ``VERSION`` = 1)::
     {"format", "version",
      "header": {"model", "dtype", "device", "template", "method", "settings": {...}, "prompt", "prompt_ids"},
      "steps": [Step.to_dict(), ...],
-     "baseline": [{"tokens", "forwards", "seconds", "reading", "shared"} after each step],  # greedy's progress in the race
+     "baseline": [{"tokens", "forwards", "seconds", "reading", "alongside"} after each step],  # greedy's progress in the race
                                   # (seconds: its steps', reading the prompt included, which was "reading" of them)
      "outputs": {"method": [...ids], "baseline": [...ids]},
      "tokens": {"id": "text", ...}, "special": [ids shown as a marked end]}
@@ -111,7 +111,7 @@ def _run_from_doc(doc: dict) -> Run:
     _need(isinstance(raw_steps, list) and 0 < len(raw_steps) <= MAX_STEPS, "steps")
     steps = [step_from_dict(s, n + 1) for n, s in enumerate(raw_steps)]
     baseline = [{"tokens": int(b["tokens"]), "forwards": int(b["forwards"]), "seconds": float(b["seconds"]),
-                 "reading": float(b.get("reading", 0.0)), "shared": int(b.get("shared", 0))} for b in doc["baseline"]]
+                 "reading": float(b.get("reading", 0.0)), "alongside": int(b.get("alongside", 0))} for b in doc["baseline"]]
     _need(len(baseline) == len(steps), "baseline")
     outputs = {str(k): _ints(v) for k, v in doc["outputs"].items()}
     tokens = {int(k): str(v) for k, v in doc["tokens"].items()}
@@ -133,13 +133,13 @@ def step_from_dict(d: dict, index: int) -> Step:
     draft = _tree(d["draft_tree"]) if d.get("draft_tree") else None
     _need(int(d["index"]) == index, "index")
     _need(int(d.get("blank_drafts", 0)) >= 0, "blank_drafts")
-    _need(int(d.get("shared", 0)) >= 0, "shared")
+    _need(int(d.get("alongside", 0)) >= 0, "alongside")
     under = _ints(d.get("blank_under", []))
     _need(all(0 <= i < len(tree.tokens) for i in under), "blank_under")
     return Step(index, str(d["method"]), tree, path, _ints(d["committed"]), choices, rows,
                 int(d["forward_tokens"]), int(d["cache_length"]), timings, bool(d.get("done", False)),
                 bool(d.get("sampled", False)), draft, blank_drafts=int(d.get("blank_drafts", 0)), blank_under=under,
-                wall=None if d.get("wall") is None else float(d["wall"]), shared=int(d.get("shared", 0)))
+                wall=None if d.get("wall") is None else float(d["wall"]), alongside=int(d.get("alongside", 0)))
 
 
 def _divergence(d: dict) -> dict:

@@ -51,7 +51,7 @@ class Step:
     blank_drafts: int = 0  # TR: nodes of the tree shape left out, drafted from rows never written (or below one)
     blank_under: list[int] = field(default_factory=list)  # TR: tree nodes whose children were left out (rows never written)
     wall: float | None = None  # the whole step's wall-clock seconds, device synchronised once (tr_core.race.timed_stepping)
-    shared: int = 0  # other requests in the forward that ran it (a class on one server): its time is that whole forward
+    alongside: int = 0  # other requests in the forward that ran it (a class on one server): its time is that whole forward
 
     @property
     def accepted_drafts(self) -> int:
