@@ -32,7 +32,7 @@ import torch
 from transformers import Cache
 
 from .attention import ATTENTION
-from .decoders.base import ForwardRequest, last_hidden_states, model_forward, run_forward
+from .decoders.base import ForwardRequest, last_hidden_states, model_forward, run_forward, take_hidden
 from .models import LoadedModel
 
 
@@ -99,8 +99,7 @@ def run_forwards(lm: LoadedModel, requests: list[ForwardRequest]) -> list[torch.
         logits = model_forward(lm, input_ids, position_ids, masks, cache, keep, segments=tuple(segments),
                                packed=cache)  # [R, vocab]
     for r, s in zip(requests, segments):
-        if r.hidden_rows is not None:
-            r.hidden = found[0][0, r.hidden_rows.to(found[0].device) + s.q0]  # [h, d]
+        take_hidden(r, found, s.q0)
     # each its own rows (a view would keep every tab's logits alive for as long as one tab keeps its own)
     return [logits[a:b].clone() for a, b in spans]
 

@@ -107,7 +107,7 @@ def read_once(dec: Decoder, other: Decoder) -> Stepping:
 class Lockstep:
     """Coroutines (:data:`Stepping`) stepped together: each :meth:`forward` packs the next request of
     every live coroutine on one model into one forward, ``forwards(lm, requests) -> [logits]`` (which also
-fills the ``hidden`` of a request that asks for some: :func:`tr_core.batching.run_forwards`).  A
+    fills the ``hidden`` of a request that asks for some: :func:`tr_core.batching.run_forwards`).  A
     coroutine can join between forwards (:meth:`add`); each one's result (its return value, or the
     exception that ended it) is handed back as soon as it ends."""
 

@@ -140,6 +140,13 @@ def last_hidden_states(lm: LoadedModel, wanted: bool = True):
                            "body (get_decoder()) did not run once")
 
 
+def take_hidden(request: ForwardRequest, found: list[torch.Tensor], start: int = 0) -> None:
+    """``request.hidden [h, d]``, where it asks for some: its ``hidden_rows`` of the forward's last hidden
+    states (``found``, of :func:`last_hidden_states`), its queries starting at ``start`` in that forward."""
+    if request.hidden_rows is not None:
+        request.hidden = found[0][0, request.hidden_rows.to(found[0].device) + start]
+
+
 def run_forward(lm: LoadedModel, request: ForwardRequest) -> torch.Tensor:
     """The forward phase of a step: ``logits [q, vocab]`` for ``request``'s inputs (and its
     ``hidden``, where it asks for some), timed on its clock as ``"forward"`` (the planners read that
@@ -148,8 +155,7 @@ def run_forward(lm: LoadedModel, request: ForwardRequest) -> torch.Tensor:
     with request.clock.phase("forward"), last_hidden_states(lm, request.hidden_rows is not None) as found:
         logits = model_forward(lm, request.input_ids, request.position_ids, request.attention_mask,
                                request.cache, keep)
-    if found:
-        request.hidden = found[0][0, request.hidden_rows.to(found[0].device)]  # [h, d]
+    take_hidden(request, found)
     return logits
 
 
