@@ -3,6 +3,7 @@ gives alone, and what ``generate(do_sample=False)`` gives, whatever its neighbou
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 import torch
@@ -333,3 +334,26 @@ def test_a_planner_in_a_class_sizes_its_tree_for_the_batch():
     assert planner.step_cost(10) == pytest.approx(planner.cost(round(10 * b), 64) / b + planner.host(10))
     assert planner.greedy_cost() == pytest.approx(planner.cost(round(b), 64) / b + planner.host(1))
     assert planner.step_cost(10) != pytest.approx(alone)
+
+
+@pytest.mark.parametrize("make", [lambda lm: TokenRecyclingDecoder(lm, max_new_tokens=60),
+                                  lambda lm: ProgressiveTreeDecoder(lm, 60)], ids=["tr", "ptd"])
+def test_a_planner_counts_its_own_host_work_not_the_time_its_neighbours_take(tiny_lm, make, monkeypatch):
+    """In a class, a step's request waits while the other tabs' requests are made, and its second half
+    waits while theirs are finished.  That waiting is not the decoder's host work: counted as such, a
+    forward's tokens would look cheap beside it and the planner would grow the tree with the class.
+    The decoder's own second half (here a slow prune) is."""
+    def host_after_steps(dec, between: float = 0.0, in_prune: float = 0.0) -> float:
+        prune = dec.prune
+        monkeypatch.setattr(dec, "prune", lambda *a: (time.sleep(in_prune), prune(*a))[1])
+        dec.start(PROMPTS[0])
+        for _ in range(3):
+            request = dec.prepare_step()
+            time.sleep(between)  # the other tabs' requests are made
+            logits = run_forwards(tiny_lm, [request])[0]
+            time.sleep(between)  # the other tabs' steps are finished first
+            dec.finish_step(request, logits)
+        return dec.planner.host(1 + dec.steps[-1].tree.size)
+
+    assert host_after_steps(make(tiny_lm), between=0.25) < 0.15  # a tiny model's own host work: milliseconds
+    assert host_after_steps(make(tiny_lm), in_prune=0.25) > 0.15

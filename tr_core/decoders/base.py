@@ -24,6 +24,7 @@ from typing import Any, ClassVar
 
 import torch
 
+from ..devices import synchronize
 from ..models import LoadedModel
 from ..sampling import Sampler, SamplingConfig
 from ..trace import Step
@@ -88,7 +89,9 @@ class ForwardRequest:
     it was shared with other requests (tr_core.batching).  ``rows``: the positions whose logits the
     step needs (a prefill's few), the output head run there alone; None: every position.  ``hidden_rows``:
     positions whose last hidden states (after the final norm) the step takes instead, in ``hidden``
-    ``[h, d]`` after the forward: its decoder runs the output head there itself, off the forward's clock."""
+    ``[h, d]`` after the forward: its decoder runs the output head there itself, off the forward's clock.
+    ``prepared``: the seconds its decoder spent making it (drafting, masks); ``finishing``
+    (``time.perf_counter()``) when its decoder began the step's second half."""
 
     input_ids: torch.Tensor
     position_ids: torch.Tensor
@@ -103,6 +106,24 @@ class ForwardRequest:
     rows: torch.Tensor | None = None  # [r] CPU long: the positions whose logits are wanted (None: all)
     hidden_rows: torch.Tensor | None = None  # [h] CPU long: the positions whose last hidden states are wanted
     hidden: torch.Tensor | None = None  # [h, d]: those hidden states, once the forward ran
+    prepared: float = 0.0
+    finishing: float | None = None
+
+    def finish_begins(self) -> None:
+        """The step's second half begins: ``finishing`` is now, once the forward's results are ready
+        (the device synchronised: a forward still running on a GPU is not the decoder's host work)."""
+        synchronize(self.input_ids.device)
+        self.finishing = time.perf_counter()
+
+    def own_host_seconds(self) -> float:
+        """The decoder's own work on this step outside its forward, so far: making the request and
+        finishing the step (since :meth:`finish_begins`).  Not the time it waited while other requests
+        of a shared forward were made or finished (a class's tabs, ``tr_core.batching``): a planner
+        that counted that as its own host work would see a forward's tokens as cheap, and grow its
+        tree with the class."""
+        if self.finishing is None:
+            raise RuntimeError("own_host_seconds() before the step's second half began (finish_begins)")
+        return self.prepared + time.perf_counter() - self.finishing
 
 
 @torch.inference_mode()
@@ -236,10 +257,11 @@ class Decoder(ABC):
                     clock: PhaseClock | None = None, draft=None, started: float | None = None,
                     rows: torch.Tensor | None = None, hidden_rows: torch.Tensor | None = None) -> ForwardRequest:
         """A request over this decoder's cache for ``input_ids [1, q]`` at ``position_ids [1, q]``."""
+        now = time.perf_counter()
+        began = now if started is None else started
         return ForwardRequest(input_ids, position_ids, attention_mask, self.cache, self.cache_length,
-                              clock or PhaseClock(self.lm.device), draft,
-                              time.perf_counter() if started is None else started, rows=rows,
-                              hidden_rows=hidden_rows)
+                              clock or PhaseClock(self.lm.device), draft, began, rows=rows,
+                              hidden_rows=hidden_rows, prepared=now - began)
 
     @property
     def done(self) -> bool:

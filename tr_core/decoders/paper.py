@@ -71,6 +71,7 @@ class PaperTokenRecycling(TreeDecoder):
     @torch.inference_mode()
     def finish_step(self, request: ForwardRequest, logits: torch.Tensor) -> Step:
         """3. verify, 4. recycle, 5. prune, given the forward's ``logits [q, vocab]``."""
+        request.finish_begins()
         state = request.draft
         self.verify(state, logits, request)
         written = self.recycle(state, logits, request.clock)

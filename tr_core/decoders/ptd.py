@@ -20,7 +20,6 @@ Each step, in phases:
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, replace
 
 import torch
@@ -93,6 +92,7 @@ class ProgressiveTreeDecoder(TreeDecoder):
 
     @torch.inference_mode()
     def finish_step(self, request: ForwardRequest, logits: torch.Tensor) -> Step:
+        request.finish_begins()
         state = request.draft
         self.verify(state, logits, request)
         self.plan(state, request)
@@ -103,8 +103,7 @@ class ProgressiveTreeDecoder(TreeDecoder):
         if self.config.harvest_context:
             self.harvest_text(len(step.committed))
         if self.planner is not None:
-            self.planner.record_host(state.size, time.perf_counter() - request.started
-                                     - request.clock.seconds["forward"] - request.clock.seconds.get("queue", 0.0))
+            self.planner.record_host(state.size, request.own_host_seconds())
         return step
 
     def plan(self, state: ProgressiveState, request: ForwardRequest) -> None:

@@ -16,7 +16,6 @@ its pipeline by name.  Each is one row of ``python -m tr_core.bench.ablate``; al
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -400,5 +399,4 @@ class TokenRecyclingDecoder(PaperTokenRecycling):
                                   request.batch, request.batch_tokens)
         if new is not None:
             self.set_tree(new)
-        self.planner.record_host(state.size, time.perf_counter() - request.started - forward
-                                 - request.clock.seconds.get("queue", 0.0))
+        self.planner.record_host(state.size, request.own_host_seconds())

@@ -76,6 +76,7 @@ class TreeDecoder(Decoder):
     @torch.inference_mode()
     def finish_step(self, request: ForwardRequest, logits: torch.Tensor) -> Step:
         """Verify, prune, record (decoders that learn from ``logits [q, vocab]`` add their phases)."""
+        request.finish_begins()
         state = request.draft
         self.verify(state, logits, request)
         self.prune(state, request)
