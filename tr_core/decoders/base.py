@@ -84,8 +84,7 @@ class ForwardRequest:
     ``input_ids [1, q]`` and ``position_ids [1, q]`` are the step's inputs, ``attention_mask`` the
     tree mask ``[1, 1, q, past + q]`` (or one per layer type; None: causal), ``cache`` the KV cache
     holding ``past`` entries that the forward appends to.  ``draft`` is the decoder's own record of
-    what it drafted, ``clock`` times its phases, ``started`` (``time.perf_counter()``) when the step
-    began.  ``batch``, ``batch_tokens``: the requests and query tokens of the forward that ran it, where
+    what it drafted, ``clock`` times its phases.  ``batch``, ``batch_tokens``: the requests and query tokens of the forward that ran it, where
     it was shared with other requests (tr_core.batching).  ``rows``: the positions whose logits the
     step needs (a prefill's few), the output head run there alone; None: every position.  ``hidden_rows``:
     positions whose last hidden states (after the final norm) the step takes instead, in ``hidden``
@@ -100,7 +99,6 @@ class ForwardRequest:
     past: int
     clock: PhaseClock
     draft: Any = None
-    started: float = 0.0
     batch: int = 1  # requests in the forward that ran it (tr_core.batching), and their query tokens
     batch_tokens: int = 0
     rows: torch.Tensor | None = None  # [r] CPU long: the positions whose logits are wanted (None: all)
@@ -256,12 +254,12 @@ class Decoder(ABC):
     def new_request(self, input_ids: torch.Tensor, position_ids: torch.Tensor, attention_mask=None,
                     clock: PhaseClock | None = None, draft=None, started: float | None = None,
                     rows: torch.Tensor | None = None, hidden_rows: torch.Tensor | None = None) -> ForwardRequest:
-        """A request over this decoder's cache for ``input_ids [1, q]`` at ``position_ids [1, q]``."""
-        now = time.perf_counter()
-        began = now if started is None else started
+        """A request over this decoder's cache for ``input_ids [1, q]`` at ``position_ids [1, q]``;
+        ``started`` (``time.perf_counter()``): when the decoder began making it (its ``prepared`` time)."""
+        prepared = 0.0 if started is None else time.perf_counter() - started
         return ForwardRequest(input_ids, position_ids, attention_mask, self.cache, self.cache_length,
-                              clock or PhaseClock(self.lm.device), draft, began, rows=rows,
-                              hidden_rows=hidden_rows, prepared=now - began)
+                              clock or PhaseClock(self.lm.device), draft, rows=rows,
+                              hidden_rows=hidden_rows, prepared=prepared)
 
     @property
     def done(self) -> bool:
