@@ -134,18 +134,23 @@ def curve_still_holds(curve: CostCurve, lengths: list[int], seconds: list[float]
 
 def warm_up(hub, progress, curve_on_gpu=None) -> str:
     """Load the default model, warm its kernels and get its cost curve (from the cache when this
-    machine measured it before); ``progress(fraction_or_steps, desc=...)`` moves with each part, and
-    the parts are counted as they will run (a cached curve needs no timing, a timing warms too).
+    machine measured it before; a curve timed in this process is neither warmed nor checked again:
+    its forwards ran every size, under today's conditions); ``progress(fraction_or_steps, desc=...)``
+    moves with each part, and the parts are counted as they will run (a cached curve needs no timing,
+    a timing warms too).
     ``curve_on_gpu()``: measure the curve in a ZeroGPU call (it returns the curve, kept here)."""
     lm = with_progress(lambda: hub.get(None),
                        lambda t: progress((0, 2), desc=f"Step 1 of 2: loading the model ({t:.0f} s so far)"))
+    timed_here = lm.cost_curve is not None  # timed in this process: its forwards ran every size just now
+    if timed_here and not curve_on_gpu:
+        _WARM.add(lm.model)
     cached = load_cached_curve(lm)
     stale = False
     warmed = "the model has already run once at every size, so your first steps are not slowed by warm-up" \
         if not curve_on_gpu else "each GPU call warms the model up itself"
     if cached:
         timed = "timed earlier"
-        if not curve_on_gpu:  # measuring the curve warms them too (on ZeroGPU, only a GPU call could)
+        if not curve_on_gpu and not timed_here:  # a kept curve: do today's forwards still have its shape?
             seconds = with_progress(lambda: warm_kernels(lm), lambda t: progress(
                 (1, 2), desc=f"Step 2 of 2: first forwards of 1-96 tokens ({t:.0f} s)"))
             if seconds is not None and not curve_still_holds(lm.cost_curve, COST_LENGTHS, seconds):

@@ -357,6 +357,35 @@ def test_a_step_that_ends_after_pause_or_stop_is_not_drawn(hub):  # noqa: F811
     assert len(sess.view().steps) == 3 and "Step 2:" in out[1].layout.title.text and "Stopped at step 2" in out[-6]
 
 
+def test_start_up_times_nothing_again_for_a_curve_timed_in_this_process(tiny_lm, tmp_path, monkeypatch):
+    """A curve timed in this process (by a bench, a first Step, an earlier start-up) is today's: start-up
+    neither warms the kernels again nor checks its shape.  A curve kept on disk is checked against
+    today's forwards, which warm the kernels too."""
+    import dataclasses
+
+    from components import startup
+    from tr_core.cost import COST_LENGTHS
+    from tr_core.planner import CostCurve
+
+    from .conftest import make_tiny_model, make_tiny_tokenizer
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    timed = []
+    seconds = [0.01 * (1 + q / 64) for q in COST_LENGTHS]
+    monkeypatch.setattr(startup, "time_forwards", lambda lm, lengths, **_: timed.append(lm) or seconds)
+    curve = CostCurve(list(COST_LENGTHS), seconds)
+    here = dataclasses.replace(tiny_lm, cost_curve=curve)
+    said = startup.warm_up(ModelHub(loaded={"embedded": here}), lambda *a, **k: None)
+    assert timed == [] and here.cost_curve is curve and "timed earlier" in said
+    startup.save_curve(here)
+    from tr_core import wrap_model
+
+    fresh = wrap_model(make_tiny_model(), make_tiny_tokenizer(), name=tiny_lm.name)  # another model: not warm
+    assert startup.curve_path(fresh) == startup.curve_path(here)
+    startup.warm_up(ModelHub(loaded={"embedded": fresh}), lambda *a, **k: None)
+    assert timed == [fresh] and fresh.cost_curve.seconds == seconds  # warmed, and the kept shape holds
+
+
 def test_a_kept_cost_curve_of_another_shape_is_timed_again():
     """A curve kept from a busy machine (16 tokens as cheap as one) against today's forwards (16 cost
     twice one): timed again.  The same shape at another level, or one length off by noise: kept."""
@@ -392,7 +421,7 @@ def test_a_first_step_through_the_api_times_the_forwards_on_the_model_thread(hub
 
     def timed_here(cls, lm_, *args, **kwargs):
         timed_on.append(h.model_thread.here())
-        return measure(lm_, repeats=1)
+        return measure(lm_, lengths=(1, 16), repeats=1)  # where it runs is the point, not the curve
 
     monkeypatch.setattr(CostCurve, "measure", classmethod(timed_here))
     monkeypatch.setattr(lm, "cost_curve", None)  # never timed in this process (restored afterwards)

@@ -2,12 +2,15 @@
 
 Run to end takes one queued event per step, so every tab's Step is served between two of the
 running tab's steps: none waits for the whole run.  The test's server takes 4 tabs' steps side by side,
-so the presses queue and each waiting tab says its place.  ``python -m tests.test_browser_class`` launches
-the app on the embedded model and prints each tab's longest wait (the figure the note reports)."""
+so the presses queue and each waiting tab says its place; for the first presses the model's forwards
+wait at a gate, so that the queue forms however fast the machine serves it.
+``python -m tests.test_browser_class`` launches the app on the embedded model and prints each tab's
+longest wait (the figure the note reports)."""
 from __future__ import annotations
 
 import re
 import shutil
+import threading
 import time
 
 import pytest
@@ -26,19 +29,22 @@ def forward_passes(page) -> int:
     return int(found.group(1)) if found else 0
 
 
-def class_load(url: str, tabs: int = 8, steps: int = 3, browser=None) -> dict:
+def class_load(url: str, tabs: int = 8, steps: int = 3, browser=None, hold=None) -> dict:
     """One tab runs ``RUNNER`` towards the end while ``tabs`` others each press Step ``steps`` times (the
     next press once the last one is drawn).  Returns each tab's waits (seconds from a press to its
     drawn step), whether the run was still going when every other tab had its steps, the wait notes
     each tab showed meanwhile (``components/keyboard.js``) and every tab's counters.  Then the running tab stops.
-    ``browser``: a Playwright browser, each tab in a context of its own (default: Debian's chromium)."""
+    ``browser``: a Playwright browser, each tab in a context of its own (default: Debian's chromium).
+    ``hold``: a ``threading.Event`` the server's forwards wait on (:func:`held_forwards`): cleared for the
+    first presses, so that they all meet a busy server however fast it is, and set once a waiting tab
+    says it stands behind more than one (or after a minute)."""
     if browser is None:
         from playwright.sync_api import sync_playwright
 
         with sync_playwright() as p:
             launched = p.chromium.launch(executable_path=shutil.which("chromium"), args=["--no-sandbox", "--disable-gpu"])
             try:
-                return class_load(url, tabs, steps, launched)
+                return class_load(url, tabs, steps, launched, hold)
             finally:
                 launched.close()
     from playwright.sync_api import expect
@@ -46,8 +52,9 @@ def class_load(url: str, tabs: int = 8, steps: int = 3, browser=None) -> dict:
     contexts = [browser.new_context() for _ in range(tabs + 1)]
     try:
         pages = [c.new_page() for c in contexts]
+        for page in pages:  # the tabs open together, as a class's do
+            page.goto(url, wait_until="commit")
         for page in pages:
-            page.goto(url)
             expect(page.locator("#status")).to_contain_text("Ready", timeout=300_000)
         runner, others = pages[0], pages[1:]
         runner.locator("#settings").get_by_text("Settings").click()
@@ -62,10 +69,15 @@ def class_load(url: str, tabs: int = 8, steps: int = 3, browser=None) -> dict:
         for n in range(1, steps + 1):
             for page in others:
                 expect(page.locator("#step")).to_be_enabled()
+            if hold is not None and n == 1:
+                hold.clear()  # the forwards stop where they are: every press below meets a busy server
             # every tab presses at about the same moment: a click event, without a pointer's waits
             for i, page in enumerate(others):
                 pressed[i] = time.monotonic()
                 page.locator("#step").dispatch_event("click")
+            if hold is not None and n == 1:
+                wait_for_places(others)
+                hold.set()
             pending = set(range(len(others)))
             deadline = time.monotonic() + 300
             while pending and time.monotonic() < deadline:
@@ -86,6 +98,40 @@ def class_load(url: str, tabs: int = 8, steps: int = 3, browser=None) -> dict:
             c.close()
 
 
+def places_behind(notes: list[str]) -> list[int]:
+    """How many steps each "n ahead of this one" note put before its own."""
+    return [int(m.group(1)) for m in (re.search(r"(\d+) ahead", n) for n in notes) if m]
+
+
+def wait_for_places(pages, seconds: float = 60.0) -> None:
+    """Until a tab's wait note says it stands behind more than one step (or ``seconds`` pass)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if any(a > 1 for page in pages for a in places_behind(page.evaluate("window.trWaitNotes || []"))):
+            return
+        time.sleep(0.1)
+
+
+@pytest.fixture
+def held_forwards(hub):
+    """A gate on the embedded model's forwards (its decoder body's): each waits while the event is clear."""
+    gate = threading.Event()
+    gate.set()
+    body = hub.get(None).model.get_decoder()
+    plain = body.forward
+
+    def forward(*args, **kwargs):
+        gate.wait(120)
+        return plain(*args, **kwargs)
+
+    body.forward = forward
+    try:
+        yield gate
+    finally:
+        gate.set()
+        del body.forward  # the module's own forward again
+
+
 @pytest.fixture
 def four_side_by_side(hub):
     """The app with 4 tabs' steps side by side, so that 8 tabs pressing at once queue: its URL."""
@@ -93,15 +139,15 @@ def four_side_by_side(hub):
         yield url
 
 
-def test_eight_tabs_are_served_while_a_ninth_runs_to_the_end(browser, four_side_by_side):
-    out = class_load(four_side_by_side, tabs=8, steps=2, browser=browser)
+def test_eight_tabs_are_served_while_a_ninth_runs_to_the_end(browser, four_side_by_side, held_forwards):
+    out = class_load(four_side_by_side, tabs=8, steps=2, browser=browser, hold=held_forwards)
     assert out["run_still_going"], "every tab's steps should be served before the other tab's run ends"
     assert all(len(w) == 2 for w in out["waits"])
     said = [n for notes in out["wait_notes"] for n in notes]
     assert said, "a tab whose step waits in the queue should say why it waits"
     assert all(re.match(r"Waiting for the model: (\d+ ahead of this one|this one is next) in the queue\.", n)
                for n in said), said
-    ahead = [int(m.group(1)) for m in (re.search(r"(\d+) ahead", n) for n in said) if m]
+    ahead = places_behind(said)
     assert any(a > 1 for a in ahead), f"9 tabs on 4 places: some step waits behind more than one ({said})"
     shared = [c for c in out["counters"] if "A class on this server" in c]
     assert shared, "tabs whose forwards ran together should say what their speedup then means"
