@@ -46,18 +46,22 @@ def curve_path(lm) -> Path:
     return cache_dir() / f"cost-curve-{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
 
 
-def load_cached_curve(lm) -> bool:
-    """Put the cached curve on ``lm``; False when there is none (or it is unreadable)."""
-    if lm.cost_curve is not None:
-        return True
+def read_cached_curve(lm) -> CostCurve | None:
+    """The curve kept on disk for ``lm``; None when there is none (or it is unreadable)."""
     try:
         doc = json.loads(curve_path(lm).read_text())
-        lm.cost_curve = CostCurve([int(q) for q in doc["lengths"]], [float(s) for s in doc["seconds"]],
-                                  per_cache=float(doc["per_cache"]), prefix=int(doc["prefix"]),
-                                  per_cache_fixed=float(doc.get("per_cache_fixed", 0.0)))
-        return True
+        return CostCurve([int(q) for q in doc["lengths"]], [float(s) for s in doc["seconds"]],
+                         per_cache=float(doc["per_cache"]), prefix=int(doc["prefix"]),
+                         per_cache_fixed=float(doc.get("per_cache_fixed", 0.0)))
     except (OSError, ValueError, KeyError, TypeError):
-        return False
+        return None
+
+
+def load_cached_curve(lm) -> bool:
+    """Put the cached curve on ``lm``; False when there is none (or it is unreadable)."""
+    if lm.cost_curve is None:
+        lm.cost_curve = read_cached_curve(lm)
+    return lm.cost_curve is not None
 
 
 def save_curve(lm) -> None:
@@ -141,21 +145,22 @@ def warm_up(hub, progress, curve_on_gpu=None) -> str:
     ``curve_on_gpu()``: measure the curve in a ZeroGPU call (it returns the curve, kept here)."""
     lm = with_progress(lambda: hub.get(None),
                        lambda t: progress((0, 2), desc=f"Step 1 of 2: loading the model ({t:.0f} s so far)"))
-    timed_here = lm.cost_curve is not None  # timed in this process: its forwards ran every size just now
+    timed_here = lm.cost_curve is not None  # timed in this process (a kept curve goes on lm once checked)
     if timed_here and not curve_on_gpu:
-        _WARM.add(lm.model)
-    cached = load_cached_curve(lm)
-    stale = False
+        _WARM.add(lm.model)  # its forwards ran every size
+    kept = None if timed_here else read_cached_curve(lm)
+    cached, stale = timed_here or kept is not None, False
     warmed = "the model has already run once at every size, so your first steps are not slowed by warm-up" \
         if not curve_on_gpu else "each GPU call warms the model up itself"
     if cached:
         timed = "timed earlier"
-        if not curve_on_gpu and not timed_here:  # a kept curve: do today's forwards still have its shape?
+        if kept is not None and not curve_on_gpu:  # a kept curve: do today's forwards still have its shape?
             seconds = with_progress(lambda: warm_kernels(lm), lambda t: progress(
                 (1, 2), desc=f"Step 2 of 2: first forwards of 1-96 tokens ({t:.0f} s)"))
-            if seconds is not None and not curve_still_holds(lm.cost_curve, COST_LENGTHS, seconds):
-                lm.cost_curve = None  # kept from other conditions: timed again, and kept anew
-                cached, stale = False, True
+            if seconds is not None and not curve_still_holds(kept, COST_LENGTHS, seconds):
+                kept, cached, stale = None, False, True  # kept from other conditions: timed again, and kept anew
+        if kept is not None:
+            lm.cost_curve = kept
     if not cached:
         measure = (lambda: setattr(lm, "cost_curve", curve_on_gpu())) if curve_on_gpu else (lambda: cost_curve_for(lm))
         with_progress(measure, lambda t: progress((1, 2), desc=f"Step 2 of 2: timing forwards of 1-96 tokens for "

@@ -358,32 +358,47 @@ def test_a_step_that_ends_after_pause_or_stop_is_not_drawn(hub):  # noqa: F811
 
 
 def test_start_up_times_nothing_again_for_a_curve_timed_in_this_process(tiny_lm, tmp_path, monkeypatch):
-    """A curve timed in this process (by a bench, a first Step, an earlier start-up) is today's: start-up
-    neither warms the kernels again nor checks its shape.  A curve kept on disk is checked against
-    today's forwards, which warm the kernels too."""
+    """A curve timed in this process (by a bench, a first Step) is today's: start-up neither warms the
+    kernels again nor checks its shape.  A curve kept on disk is checked against today's forwards (which
+    warm the kernels too), and goes on the model only once checked: a start-up that fails half-way
+    leaves it to be checked by the next."""
     import dataclasses
+    import weakref
 
     from components import startup
+    from tr_core import wrap_model
     from tr_core.cost import COST_LENGTHS
     from tr_core.planner import CostCurve
 
     from .conftest import make_tiny_model, make_tiny_tokenizer
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    timed = []
+    monkeypatch.setattr(startup, "_WARM", weakref.WeakSet())  # no model of the session counts as warm here
+    monkeypatch.setattr(startup, "set_aside_long_lived", lambda: 0)  # the session's objects stay collectable
+    timed, fails = [], []
     seconds = [0.01 * (1 + q / 64) for q in COST_LENGTHS]
-    monkeypatch.setattr(startup, "time_forwards", lambda lm, lengths, **_: timed.append(lm) or seconds)
+
+    def time_forwards(lm, lengths, **_):
+        timed.append(lm)
+        if fails:
+            raise fails.pop()
+        return seconds
+    monkeypatch.setattr(startup, "time_forwards", time_forwards)
+    quiet = lambda *a, **k: None  # noqa: E731
     curve = CostCurve(list(COST_LENGTHS), seconds)
     here = dataclasses.replace(tiny_lm, cost_curve=curve)
-    said = startup.warm_up(ModelHub(loaded={"embedded": here}), lambda *a, **k: None)
+    said = startup.warm_up(ModelHub(loaded={"embedded": here}), quiet)
     assert timed == [] and here.cost_curve is curve and "timed earlier" in said
     startup.save_curve(here)
-    from tr_core import wrap_model
 
-    fresh = wrap_model(make_tiny_model(), make_tiny_tokenizer(), name=tiny_lm.name)  # another model: not warm
+    fresh = wrap_model(make_tiny_model(), make_tiny_tokenizer(), name=tiny_lm.name)  # no curve on it yet
     assert startup.curve_path(fresh) == startup.curve_path(here)
-    startup.warm_up(ModelHub(loaded={"embedded": fresh}), lambda *a, **k: None)
-    assert timed == [fresh] and fresh.cost_curve.seconds == seconds  # warmed, and the kept shape holds
+    fails.append(RuntimeError("out of memory"))
+    with pytest.raises(RuntimeError):
+        startup.warm_up(ModelHub(loaded={"embedded": fresh}), quiet)
+    assert fresh.cost_curve is None, "a kept curve went on the model unchecked"
+    startup.warm_up(ModelHub(loaded={"embedded": fresh}), quiet)
+    assert timed == [fresh, fresh] and fresh.cost_curve.seconds == seconds  # warmed, and the kept shape holds
 
 
 def test_a_kept_cost_curve_of_another_shape_is_timed_again():
