@@ -57,13 +57,6 @@ def read_cached_curve(lm) -> CostCurve | None:
         return None
 
 
-def load_cached_curve(lm) -> bool:
-    """Put the cached curve on ``lm``; False when there is none (or it is unreadable)."""
-    if lm.cost_curve is None:
-        lm.cost_curve = read_cached_curve(lm)
-    return lm.cost_curve is not None
-
-
 def save_curve(lm) -> None:
     path, tmp = curve_path(lm), None
     try:

@@ -285,7 +285,7 @@ def test_a_relative_folder_named_like_a_hub_id_is_never_read(tmp_path, monkeypat
 def test_cost_curve_cached_on_disk(embedded_lm, tmp_path, monkeypatch):
     import dataclasses
 
-    from components.startup import curve_path, load_cached_curve, save_curve
+    from components.startup import curve_path, read_cached_curve, save_curve
     from tr_core.planner import CostCurve
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
@@ -293,9 +293,9 @@ def test_cost_curve_cached_on_disk(embedded_lm, tmp_path, monkeypatch):
     save_curve(lm)
     assert curve_path(lm).parent == tmp_path / "token-recycling" and curve_path(lm).is_file()
     fresh = dataclasses.replace(embedded_lm, cost_curve=None)
-    assert load_cached_curve(fresh) and fresh.cost_curve.seconds == [0.01, 0.012, 0.011]
+    assert read_cached_curve(fresh).seconds == [0.01, 0.012, 0.011]
     other = dataclasses.replace(embedded_lm, cost_curve=None, dtype=__import__("torch").bfloat16)
-    assert curve_path(other) != curve_path(lm) and not load_cached_curve(other)
+    assert curve_path(other) != curve_path(lm) and read_cached_curve(other) is None
 
 
 def test_compare_runs_every_method_identical_to_greedy(embedded_lm):

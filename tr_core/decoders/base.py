@@ -84,8 +84,8 @@ class ForwardRequest:
     ``input_ids [1, q]`` and ``position_ids [1, q]`` are the step's inputs, ``attention_mask`` the
     tree mask ``[1, 1, q, past + q]`` (or one per layer type; None: causal), ``cache`` the KV cache
     holding ``past`` entries that the forward appends to.  ``draft`` is the decoder's own record of
-    what it drafted, ``clock`` times its phases.  ``batch``, ``batch_tokens``: the requests and query tokens of the forward that ran it, where
-    it was shared with other requests (tr_core.batching).  ``rows``: the positions whose logits the
+    what it drafted, ``clock`` times its phases.  ``batch``, ``batch_tokens``: the requests and query
+    tokens of the forward that ran it, where it was shared with other requests (tr_core.batching).  ``rows``: the positions whose logits the
     step needs (a prefill's few), the output head run there alone; None: every position.  ``hidden_rows``:
     positions whose last hidden states (after the final norm) the step takes instead, in ``hidden``
     ``[h, d]`` after the forward: its decoder runs the output head there itself, off the forward's clock.
