@@ -105,6 +105,25 @@ def decode_losslessly(lm, make, prompts, max_new_tokens: int) -> list:
     return decoders
 
 
+def lockstep(lm, decoders, prompts) -> list[int]:
+    """Decode every prompt together, as a class's tabs do: the prompts' prefills in one forward, then
+    each round every live decoder's step in one (:func:`tr_core.batching.run_forwards`); returns the
+    number of decoders in each step's forward."""
+    from tr_core.batching import run_forwards
+
+    filling = [dec for dec, ids in zip(decoders, prompts) if dec.prepare_start(ids)]
+    requests = [dec.prefill_request() for dec in filling]
+    for dec, request, logits in zip(filling, requests, run_forwards(lm, requests)):
+        dec.finish_prefill(request, logits)
+    sizes = []
+    while live := [d for d in decoders if not d.done]:
+        requests = [d.prepare_step() for d in live]
+        for dec, request, logits in zip(live, requests, run_forwards(lm, requests)):
+            dec.finish_step(request, logits)
+        sizes.append(len(live))
+    return sizes
+
+
 def pytest_configure(config):
     """A worker of ``pytest -n N`` takes its share of the cores for torch, so that N workers do not
     run N times the cores' threads (which would make every forward of every worker wait)."""

@@ -18,7 +18,7 @@ from tr_core.rounds import Batcher
 from tr_core.runs import step_from_dict
 from tr_core.sampling import SamplingConfig
 
-from .conftest import reference_greedy
+from .conftest import lockstep, reference_greedy
 
 # Prompts of different lengths (the windowed families' window is passed by the long ones)
 PROMPTS = [[5, 6, 7, 8, 9, 10, 11, 12] * 4, [20, 21, 22], [30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41] * 3,
@@ -32,21 +32,6 @@ def mixed_class(lm, n: int):
               lambda: ProgressiveTreeDecoder(lm, n), lambda: PromptLookupDecoder(lm, n),
               lambda: TokenRecyclingDecoder(lm, max_new_tokens=n, sampling=SamplingConfig(0.8, 0.95, 0, 7))]
     return makers
-
-
-def lockstep(lm, decoders, prompts) -> list[int]:
-    """Decode every prompt together: each round, every live decoder's step in one forward; returns the
-    number of decoders in each forward."""
-    for dec, ids in zip(decoders, prompts):
-        dec.start(ids)
-    sizes = []
-    while any(not d.done for d in decoders):
-        live = [d for d in decoders if not d.done]
-        requests = [d.prepare_step() for d in live]
-        for dec, request, logits in zip(live, requests, run_forwards(lm, requests)):
-            dec.finish_step(request, logits)
-        sizes.append(len(live))
-    return sizes
 
 
 @pytest.mark.parametrize("family", sorted(family_configs()))

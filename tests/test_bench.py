@@ -338,9 +338,12 @@ def test_a_class_decodes_every_prompt_as_generate_does_with_its_slots_always_ful
     bench = ClassBench(tiny_lm, 12)
     tr = decode_class(tiny_lm, bench.decoders("tr", 3), prompts, "tr", jobs=6)
     assert len(tr.done) == 6 and tr.steps == 3 * tr.forwards and tr.seconds > 0
-    assert len(tr.outputs) > 6  # the slots still decoding when the sixth ended are counted too
-    for j in tr.done:
-        assert tr.outputs[j] == reference_greedy(tiny_lm, prompts[j % len(prompts)], 12), j
+    for j, out in tr.outputs.items():  # the slots still decoding when the sixth ended: greedy's so far
+        reference = reference_greedy(tiny_lm, prompts[j % len(prompts)], 12)
+        assert out == reference if j in tr.done else reference[:len(out)] == out, j
+    # greedy's jobs take one step a token, whatever the machine: jobs 0-2 end together, 3-5 start, and
+    # when the fourth is done the other two are still counted
+    assert len(decode_class(tiny_lm, bench.decoders("greedy", 3), prompts, "greedy", jobs=4).outputs) == 6
     greedy = decode_class(tiny_lm, bench.decoders("greedy", 3), prompts, "greedy", jobs=6)
     assert agree(tr, greedy)
     shared = min(tr.done & greedy.done)

@@ -41,6 +41,11 @@ def check_no_weights_sections(r: dict) -> None:
         assert set(block["methods"]) == {"greedy", "tr (auto)", "tr:paper-80", "ptd", "pld"}
         assert all(m["bugs"] == 0 and m["identical"] + m["near_ties"] == m["prompts"] for m in block["methods"].values())
         assert block["rounding"]["bound_ulps"] >= block["rounding"]["constant_ulps"]
+    check_model_free_sections(r)
+
+
+def check_model_free_sections(r: dict) -> None:
+    """The parts on a random model of a 7B's kind (small shapes here), which run with or without weights."""
     c = r["costs"]
     assert set(c["seconds_by_cache"]) == {"16", "64"}
     for by_kind in c["seconds_by_cache"].values():
@@ -68,10 +73,13 @@ def prepared(tmp_path_factory):
     return out
 
 
+@pytest.mark.slow  # the embedded model, read from its GGUF file and decoded in two dtypes
 def test_the_check_runs_from_prepared_pieces_with_gradio_hidden_and_gguf_from_its_wheel(prepared, tmp_path):
+    """With the model's parts; the random models' decoders are the no-weights test's (``--skip``)."""
     env = bare_host(tmp_path, "gradio,gguf")
     done, r = run_check(tmp_path, env, "--model", str(prepared), "--prompts", "1", "--tokens", "3",
-                        "--timed-tokens", "3", "--timed-prompts", "1", "--dtypes", "float32,bfloat16")
+                        "--timed-tokens", "3", "--timed-prompts", "1", "--dtypes", "float32,bfloat16",
+                        "--skip", "no_weights")
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert r["environment"]["gguf"].startswith("from ") and r["environment"]["gguf"].endswith(".whl")
     assert r["model"]["wheels"]["gguf"].endswith(".whl") and r["model"]["joined"].endswith(".gguf")
@@ -84,7 +92,8 @@ def test_the_check_runs_from_prepared_pieces_with_gradio_hidden_and_gguf_from_it
     t = r["timed"]
     assert {"greedy", "greedy-aa", "tr", "tr:paper-80", "ptd", "pld"} <= set(t["methods"]) and t["aa"] is not None
     assert "paper80_measured_mat" in r["costs"]["projection"]
-    check_no_weights_sections(r)
+    assert r["no_weights"] == {"skipped": "--skip"}
+    check_model_free_sections(r)
     assert "OK" in done.stdout and "PROJECTED" in done.stdout and "dtype rule" in done.stdout
 
 
@@ -121,3 +130,19 @@ def test_tr_core_imports_nothing_of_the_app():
                  if any(line.strip().startswith(("from app", "import app", "from components", "import components"))
                         for line in p.read_text().splitlines())]
     assert offenders == []
+
+
+def test_parts_left_out_are_said_in_the_json_the_table_and_the_verdict(tmp_path):
+    from tr_core.bench.gpu_check import PARTS, format_report, main, run_check, verdict
+
+    r = run_check(device="cpu", shapes="small", no_weights=True, skip=PARTS, json_path=str(tmp_path / "r.json"))
+    assert all(r[p] == {"skipped": "--skip"} for p in ("no_weights", "costs", "dtype_rule", "batching"))
+    assert json.loads((tmp_path / "r.json").read_text())["costs"] == {"skipped": "--skip"}
+    table = format_report(r)
+    assert "dtype rule: {'skipped': '--skip'}" in table and "batching: {'skipped': '--skip'}" in table
+    ok, words = verdict(r)
+    assert ok and words.endswith("parts not run: no_weights, exactness, timed, costs, dtype_rule, batching")
+    r = run_check(device="cpu", shapes="small", no_weights=True, skip=("no_weights", "costs", "dtype_rule"))
+    assert r["batching"] == {"skipped": "it runs on the costs part's model, which failed or was skipped"}
+    with pytest.raises(SystemExit):  # argparse's error: the parts it takes, named
+        main(["--skip", "no_weights,everything"])

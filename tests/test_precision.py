@@ -86,6 +86,7 @@ def test_bf16_divergences_on_the_embedded_model_are_near_ties(bf16_lm):
     assert f"token {found[0].position + 1}" in text and f"{size}-token forward" in text and "float32 mode avoids it" in text
 
 
+@pytest.mark.slow
 def test_bf16_wrong_verifier_is_a_bug(bf16_lm, monkeypatch):
     ids = bf16_lm.encode_prompt(BF16_PROMPTS[1])
     reference = GreedyDecoder(bf16_lm, NEW_TOKENS).generate(ids)

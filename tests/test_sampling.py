@@ -13,6 +13,8 @@ from tr_core.progressive import PTDConfig, PTDPlanner
 from tr_core.sampling import Sampler, SamplingConfig
 from tr_core.verify import Verdict, verify_greedy
 
+from .conftest import lockstep, make_tiny_model, make_tiny_tokenizer
+
 PROMPT = [30, 31, 32, 33, 30, 31, 32, 33, 30, 31]
 CONFIG = dict(temperature=2.0, top_k=24, top_p=0.95)
 
@@ -103,23 +105,44 @@ def chi_square_p(counts: torch.Tensor, expected: torch.Tensor) -> float:
     return float(torch.special.gammaincc(torch.tensor(df / 2, dtype=torch.double), stat / 2))
 
 
-def sample_first_two(lm, runs: int, make) -> tuple[torch.Tensor, int]:
+def sample_first_two(lm, runs: int, make, together: int = 50) -> tuple[torch.Tensor, int]:
+    """``(counts [V, V] of the first two tokens, runs that committed a drafted token)`` over ``runs``
+    decoders (``make(config)``, seeds 0, 1, ...), ``together`` at a time stepping as a class's tabs do
+    (their forwards shared): each run's draws depend on its seed alone, so this is plain sampling's
+    distribution only if the batched walk is also exact."""
     counts = torch.zeros(lm.vocab_size, lm.vocab_size)
     drafted = 0
-    for seed in range(runs):
-        dec = make(SamplingConfig(seed=seed, **CONFIG))
-        a, b = dec.generate(PROMPT)
-        counts[a, b] += 1
-        drafted += sum(s.accepted_drafts for s in dec.steps) > 0
+    for first in range(0, runs, together):
+        decoders = [make(SamplingConfig(seed=seed, **CONFIG)) for seed in range(first, min(first + together, runs))]
+        lockstep(lm, decoders, [PROMPT] * len(decoders))
+        for dec in decoders:
+            a, b = dec.output
+            counts[a, b] += 1
+            drafted += sum(s.accepted_drafts for s in dec.steps) > 0
     return counts, drafted
 
 
 @pytest.fixture(scope="module")
-def warm_matrix(tiny_lm):
+def class_lm():
+    """The tiny model on the project's attention, so that runs stepping together share their forwards
+    (:mod:`tr_core.batching`), as a class's tabs do on the app's models."""
+    from tr_core import wrap_model
+    from tr_core.attention import register
+    from tr_core.batching import can_pack
+
+    model = make_tiny_model()
+    model.set_attn_implementation(register())
+    lm = wrap_model(model, make_tiny_tokenizer(), name="tiny-llama")
+    assert can_pack(lm)
+    return lm
+
+
+@pytest.fixture(scope="module")
+def warm_matrix(class_lm):
     """A matrix filled by a few decodes, copied afresh for every run so runs stay independent."""
-    m = AdjacencyMatrix(tiny_lm.vocab_size, 8, fingerprint=tiny_lm.fingerprint)
+    m = AdjacencyMatrix(class_lm.vocab_size, 8, fingerprint=class_lm.fingerprint)
     for seed in range(6):
-        TokenRecyclingDecoder(tiny_lm, tree="paper-80", matrix=m, lookup=0, max_new_tokens=40,
+        TokenRecyclingDecoder(class_lm, tree="paper-80", matrix=m, lookup=0, max_new_tokens=40,
                               sampling=SamplingConfig(seed=seed, **CONFIG)).generate(PROMPT)
     return m.table.clone()
 
@@ -136,16 +159,16 @@ RUNS = 2000
 WRONG_RUNS = 800  # the biased rule below already fails with 800 runs (p measured at 0.0): the test has the power
 
 
-def test_tr_sampling_has_plain_sampling_distribution(tiny_lm, warm_matrix):
-    expected = exact_two_token_distribution(tiny_lm, SamplingConfig(**CONFIG)) * RUNS
-    counts, drafted = sample_first_two(tiny_lm, RUNS, tr_maker(tiny_lm, warm_matrix))
+def test_tr_sampling_has_plain_sampling_distribution(class_lm, warm_matrix):
+    expected = exact_two_token_distribution(class_lm, SamplingConfig(**CONFIG)) * RUNS
+    counts, drafted = sample_first_two(class_lm, RUNS, tr_maker(class_lm, warm_matrix))
     assert drafted > RUNS // 3, "most runs should commit a drafted token, or the walk is not tested"
     assert chi_square_p(counts, expected) > 1e-3
-    plain, _ = sample_first_two(tiny_lm, RUNS, lambda cfg: GreedyDecoder(tiny_lm, 2, sampling=cfg))
+    plain, _ = sample_first_two(class_lm, RUNS, lambda cfg: GreedyDecoder(class_lm, 2, sampling=cfg))
     assert chi_square_p(plain, expected) > 1e-3
 
 
-def test_a_wrong_rule_fails_the_same_test(tiny_lm, warm_matrix, monkeypatch):
+def test_a_wrong_rule_fails_the_same_test(class_lm, warm_matrix, monkeypatch):
     """'Accept the model's most likely child, then sample its own token' is biased: the test sees it."""
     def most_likely_child(tokens, logits, tree, sampler, positions):
         greedy = verify_greedy(tokens, logits, tree)
@@ -155,6 +178,6 @@ def test_a_wrong_rule_fails_the_same_test(tiny_lm, warm_matrix, monkeypatch):
     import tr_core.decoders.tree_step as tree_step
 
     monkeypatch.setattr(tree_step, "verify_sampled", most_likely_child)
-    expected = exact_two_token_distribution(tiny_lm, SamplingConfig(**CONFIG)) * WRONG_RUNS
-    counts, _ = sample_first_two(tiny_lm, WRONG_RUNS, tr_maker(tiny_lm, warm_matrix))
+    expected = exact_two_token_distribution(class_lm, SamplingConfig(**CONFIG)) * WRONG_RUNS
+    counts, _ = sample_first_two(class_lm, WRONG_RUNS, tr_maker(class_lm, warm_matrix))
     assert chi_square_p(counts, expected) < 1e-6

@@ -95,3 +95,24 @@ def test_graft_chain_extends_mask_positions_and_parents():
         [True, True, False, True, False],
         [True, True, False, True, True]]
     assert g.position_ids(past=2).tolist() == [[2, 3, 3, 4, 5]]
+
+
+def test_ancestors_of_any_forest_are_those_found_node_by_node():
+    """The ancestor table, filled a generation at a time, against the plain walk up the parents, on
+    random forests (a parent -1 past the root starts a tree of its own, as PTD's branches do)."""
+    from tr_core.trees import TreeTensors
+
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(50):
+        q = int(torch.randint(1, 120, (1,), generator=gen))
+        parents = [-1] + [int(torch.randint(-1, i, (1,), generator=gen)) for i in range(1, q)]
+        depths = [0] * q
+        for i in range(1, q):
+            depths[i] = depths[parents[i]] + 1 if parents[i] >= 0 else 0
+        walked = torch.zeros(q, q, dtype=torch.bool)
+        for i in range(q):
+            j = i
+            while j >= 0:
+                walked[i, j] = True
+                j = parents[j] if j else -1
+        assert torch.equal(TreeTensors.from_parents(parents, depths, "cpu", torch.float32).ancestors, walked)

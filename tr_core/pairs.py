@@ -15,14 +15,22 @@ from __future__ import annotations
 
 import torch
 
-SLOTS = 1 << 18  # 262,144 pairs: 8 MiB of rows at k = 8, plus 2 MiB of keys
+SLOTS = 1 << 18  # 262,144 pairs: 8 MiB of rows at k = 8, plus 2 MiB of keys (fewer for a tiny vocabulary)
 _MIX = 0x9E3779B97F4A7C15 - (1 << 64)  # Fibonacci hashing's odd constant, as a signed 64-bit integer
+
+
+def default_slots(vocab_size: int) -> int:
+    """``SLOTS``, or fewer where the vocabulary makes fewer pairs (below about 360 tokens): a small
+    model's table then has room for every pair twice over."""
+    return min(SLOTS, 1 << (2 * vocab_size * vocab_size - 1).bit_length())
 
 
 class PairRows:
     """``rows [slots, k]`` int32 token ids and ``keys [slots]`` int64 (``-1``: never written)."""
 
-    def __init__(self, vocab_size: int, k: int, device: torch.device | str = "cpu", slots: int = SLOTS):
+    def __init__(self, vocab_size: int, k: int, device: torch.device | str = "cpu", slots: int | None = None):
+        """``slots``: a power of two (default: :func:`default_slots`)."""
+        slots = default_slots(vocab_size) if slots is None else slots
         if slots < 2 or slots & (slots - 1):
             raise ValueError("slots must be a power of two, at least 2")
         self.vocab_size = vocab_size

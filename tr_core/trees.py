@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cached_property, lru_cache
 from pathlib import Path
 
 import torch
@@ -147,11 +147,9 @@ class TreeTensors:
         sees only the cache: PTD's draft branches ride along in the same forward that way.  ``depths``
         give the positions (prefix length + depth)."""
         q = len(parents)
-        anc = torch.zeros(q, q, dtype=torch.bool)
-        for i in range(q):  # small (q <= a few hundred) and once per tree; parents precede children
-            if i and parents[i] >= 0:
-                anc[i] = anc[parents[i]]
-            anc[i, i] = True
+        anc = torch.eye(q, dtype=torch.bool)
+        for below, above in generations(parents):  # a node's row: itself and its parent's row
+            anc[below] |= anc[above]
         bias = torch.zeros(q, q, dtype=dtype)
         bias.masked_fill_(~anc, torch.finfo(dtype).min)
         as_long = lambda xs: torch.tensor(xs, dtype=torch.long, device=device)  # noqa: E731
@@ -224,6 +222,22 @@ class TreeTensors:
         return (self.depths + past)[None, :]
 
 
+def generations(parents: list[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The nodes below a parent, grouped by how many parents stand above them: ``(nodes [g], their
+    parents [g])`` long, for the first generation, then the second, ... (``parents [q]``: parents
+    precede children; node 0 and any other node whose parent is -1 start a tree).  Filling a table
+    generation by generation takes one tensor operation per depth instead of one per node."""
+    level = [0] * len(parents)
+    groups: dict[int, tuple[list[int], list[int]]] = {}
+    for i, p in enumerate(parents):
+        if i and p >= 0:
+            level[i] = level[p] + 1
+            below, above = groups.setdefault(level[i], ([], []))
+            below.append(i)
+            above.append(p)
+    return [(torch.tensor(b), torch.tensor(a)) for _, (b, a) in sorted(groups.items())]
+
+
 # ---- presets -----------------------------------------------------------------------------------
 def list_presets() -> list[str]:
     return sorted(p.stem for p in PRESET_DIR.glob("*.json"))
@@ -262,11 +276,20 @@ def load_tree(spec: str | Path | list, k: int | None = None) -> TreeShape:
         except ValueError:
             raise TreeError(f"Bad chain tree {spec!r}; use chain-N.") from None
         return TreeShape.from_paths([[0] * d for d in range(1, n + 1)], name=spec, k=k)
-    path = PRESET_DIR / f"{spec}.json"
-    if not path.is_file():
-        path = Path(spec)
-        if not path.is_file():
-            raise TreeError(f"Unknown tree {spec!r}: use one of {list_presets()}, chain-N, or a JSON file.")
+    if (PRESET_DIR / f"{spec}.json").is_file():
+        return _preset(spec, k)
+    if not Path(spec).is_file():
+        raise TreeError(f"Unknown tree {spec!r}: use one of {list_presets()}, chain-N, or a JSON file.")
+    return _tree_file(Path(spec), k)
+
+
+@lru_cache(maxsize=64)
+def _preset(name: str, k: int | None) -> TreeShape:
+    """A shipped preset, read and checked once (a shape is immutable: every decoder may share it)."""
+    return _tree_file(PRESET_DIR / f"{name}.json", k)
+
+
+def _tree_file(path: Path, k: int | None) -> TreeShape:
     try:
         data = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:

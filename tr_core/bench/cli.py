@@ -11,7 +11,7 @@ import torch
 from ..decoders.recycling import DEFAULT_TREE
 from ..devices import cpu_info, free_memory, oom_message, release_device_memory
 from ..models import ModelLoadError, load_model
-from ..pairs import SLOTS as PAIR_SLOTS
+from ..pairs import default_slots
 from ..sampling import SamplingConfig
 from ..trees import TreeError
 from ..prepack import kernel_choice
@@ -34,7 +34,7 @@ def run_meta(args, lm, specs, sampling, offset: int) -> dict:
             "gpu": torch.cuda.get_device_name(lm.device) if lm.device.type == "cuda" else None,
             "peers": args.peers, "prompts_file": str(args.prompts), "offset": offset, "limit": args.limit, "max_new_tokens": args.max_new_tokens,
             "turns": args.turns, "template": lm.template, "attention": lm.layout.describe(), "sampling": None if sampling is None else vars(sampling), "matrix_shape": [lm.vocab_size, args.k],
-            "matrix_bytes": lm.vocab_size * args.k * 4, "pair_rows_bytes": PAIR_SLOTS * (args.k * 4 + 8),
+            "matrix_bytes": lm.vocab_size * args.k * 4, "pair_rows_bytes": default_slots(lm.vocab_size) * (args.k * 4 + 8),
             "trees": {s.name: s.tree for s in specs if s.tree}, "default_tree": DEFAULT_TREE,
             "cost_curve": cost_curve_meta(lm)}
 

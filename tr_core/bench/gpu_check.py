@@ -26,7 +26,8 @@ is a folder made by ``gpu_prepare`` (its parts are joined and checked, its ``ggu
 * ``batching``: a packed forward's cost over its total tokens for 1, 8 and 32 tabs' trees, and a
   class of 30's steps per second projected from them.
 
-``--device cpu --shapes small`` runs all of it on any machine in about a minute (the suite does).
+``--device cpu --shapes small`` runs all of it on any machine in about a minute (the suite does);
+``--skip PART,...`` leaves parts out.
 The app's own check (three Steps through ``gradio_client``) needs Gradio and lives with the app:
 ``python -m components.app_check`` runs this check with it.
 """
@@ -52,6 +53,7 @@ LENGTHS = {"7b": (1, 2, 4, 8, 16, 24, 32, 48, 64, 81, 96, 128), "small": (1, 2, 
 CACHES = {"7b": (256, 2048), "small": (16, 64)}
 BATCHES = (1, 8, 32)
 BATCH_TREE = 16  # query tokens of each tree in the batching part
+PARTS = ("no_weights", "exactness", "timed", "costs", "dtype_rule", "batching")
 
 
 # ---- where things are ----------------------------------------------------------------------------
@@ -403,10 +405,11 @@ def run_check(model: str | None = None, device: str | None = None, shapes: str =
               no_weights: bool = False, prompts_file: str | None = None, limit: int = 1, timed_tokens: int = 96,
               timed_dtype: str = "float32", random_prompts_count: int = 2, random_tokens: int = 32,
               batching: bool = True, parts=None, loaded: dict | None = None, families=None,
-              timed_prompts: int | None = None, argv: list[str] | None = None) -> dict:
-    """Every part of the module doc; ``parts``: more ``{name: fn(lm, texts) -> dict}`` run on the
-    model at the end (the app's check); ``loaded``: models already in memory by dtype name (tests);
-    ``argv``: the command's arguments, recorded in the file's ``provenance``."""
+              timed_prompts: int | None = None, argv: list[str] | None = None,
+              skip: tuple[str, ...] = ()) -> dict:
+    """Every part of the module doc but those named in ``skip``; ``parts``: more ``{name: fn(lm, texts)
+    -> dict}`` run on the model at the end (the app's check); ``loaded``: models already in memory by
+    dtype name (tests); ``argv``: the command's arguments, recorded in the file's ``provenance``."""
     import torch
 
     from ..devices import pick_device, release_device_memory
@@ -426,6 +429,9 @@ def run_check(model: str | None = None, device: str | None = None, shapes: str =
             Path(json_path).write_text(json.dumps(report, indent=2, default=str))
 
     def part(name, fn):
+        if name in skip:
+            report[name] = {"skipped": "--skip"}
+            return
         t0 = time.perf_counter()
         try:
             report[name] = fn()
@@ -491,14 +497,17 @@ def run_check(model: str | None = None, device: str | None = None, shapes: str =
     part("costs", costs)
     if batching and "big" in holder:
         part("batching", lambda: check_batching(holder["big"], repeats, CACHES[shapes][0]))
+    elif batching:
+        report["batching"] = {"skipped": "--skip" if "batching" in skip
+                              else "it runs on the costs part's model, which failed or was skipped"}
     holder.clear()
     save()
     return report
 
 
 def verdict(report: dict) -> tuple[bool, str]:
-    """(passed, words): no bug anywhere, every float32 output identical or a measured near-tie, every
-    part ran."""
+    """(passed, words): no bug anywhere, every float32 output identical or a measured near-tie, no
+    part failed; the words name the parts left out."""
     bugs = near = 0
     for group in [report.get("exactness", {}), *([report.get("no_weights", {})])]:
         for block in group.values():
@@ -506,9 +515,10 @@ def verdict(report: dict) -> tuple[bool, str]:
                 bugs += m["bugs"]
                 near += m["near_ties"]
     errors = [k for k, v in report.items() if isinstance(v, dict) and "error" in v]
+    skipped = [k for k in PARTS if isinstance(report.get(k), dict) and "skipped" in report[k]]
     ok = not bugs and not errors
     return ok, f"{'OK' if ok else 'FAILED'}: bugs {bugs}; near-ties (explained) {near}; parts failed: " \
-               f"{', '.join(errors) or 'none'}"
+               f"{', '.join(errors) or 'none'}; parts not run: {', '.join(skipped) or 'none'}"
 
 
 def format_report(r: dict) -> str:
@@ -532,7 +542,7 @@ def format_report(r: dict) -> str:
         lines.append("")
     nw = r.get("no_weights", {})
     table("no weights: every decoder vs generate(do_sample=False), float32, random models",
-          [(k, v) for k, v in nw.items() if k != "seconds"] if "error" not in nw else [("-", nw)])
+          [(k, v) for k, v in nw.items() if k != "seconds"] if "error" not in nw and "skipped" not in nw else [("-", nw)])
     ex = r.get("exactness", {})
     table(f"exactness on {r['model'].get('name', r['model'].get('spec'))}",
           [(d, v) for d, v in ex.items() if d != "seconds"] if "skipped" not in ex and "error" not in ex else [("-", ex)])
@@ -567,9 +577,12 @@ def format_report(r: dict) -> str:
     else:
         lines.append(f"costs: {c}")
     d = r.get("dtype_rule", {})
-    lines.append(f"dtype rule for {d.get('parameters', 0) / 1e9:.2f}B parameters: {d.get('reason', d)}")
+    lines.append(f"dtype rule for {d['parameters'] / 1e9:.2f}B parameters: {d['reason']}" if "reason" in d
+                 else f"dtype rule: {d}")
     b = r.get("batching", {})
-    if "by_batch" in b:
+    if b and "by_batch" not in b:
+        lines.append(f"batching: {b}")
+    elif b:
         cells = "  ".join(f"b={k}: {v['seconds'] * 1e3:.1f} ms ({v['per_token'] * 1e6:.0f} us/token)"
                           if "seconds" in v else f"b={k}: {v}" for k, v in b["by_batch"].items())
         lines.append(f"batching ({b['tree_tokens']}-token trees over {b['cache']} cached each): {cells}")
@@ -603,8 +616,12 @@ def main(argv: list[str] | None = None, parts=None) -> int:
     ap.add_argument("--no-batching", action="store_true")
     ap.add_argument("--families", default=None, help="comma-separated families of the no-weights part (default: all)")
     ap.add_argument("--timed-prompts", type=int, default=None, help="at most this many timed prompts")
+    ap.add_argument("--skip", default="", help=f"comma-separated parts not to run, of: {', '.join(PARTS)}")
     ap.add_argument("--out", "--json", dest="out", default="gpu_check.json")
     args = ap.parse_args(argv)
+    skip = tuple(p for p in args.skip.split(",") if p)
+    if set(skip) - set(PARTS):
+        ap.error(f"--skip takes parts of: {', '.join(PARTS)}")
     from ..devices import DeviceError
     from .gpu_pieces import PiecesError
 
@@ -614,7 +631,7 @@ def main(argv: list[str] | None = None, parts=None) -> int:
                            args.prompts_file, args.limit, args.timed_tokens, args.timed_dtype, args.random_prompts,
                            args.random_tokens, not args.no_batching, parts,
                            families=args.families.split(",") if args.families else None,
-                           timed_prompts=args.timed_prompts, argv=argv)
+                           timed_prompts=args.timed_prompts, argv=argv, skip=skip)
     except (PiecesError, DeviceError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

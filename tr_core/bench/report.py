@@ -258,7 +258,8 @@ def format_table(summary: dict) -> str:
         mib = meta["matrix_bytes"] / 2**20
         lines += ["", f"matrix M: {vocab} x {k} int32 = {mib:.2f} MiB ({mib * 32000 / vocab:.2f} MiB for a 32k vocabulary)"]
         if "pair_rows_bytes" in meta:
-            lines += [f"pair rows beside it: {meta['pair_rows_bytes'] / 2**20:.2f} MiB, whatever the vocabulary"]
+            lines += [f"pair rows beside it: {meta['pair_rows_bytes'] / 2**20:.2f} MiB (the same for any vocabulary "
+                      "of a few hundred tokens or more)"]
     return "\n".join(lines)
 
 
