@@ -37,15 +37,10 @@ def spec_bench() -> Path:
 
 
 def make_tiny_tokenizer():
-    from tokenizers import Tokenizer
-    from tokenizers.models import WordLevel
-    from tokenizers.pre_tokenizers import Whitespace
-    from transformers import PreTrainedTokenizerFast
+    """``<unk>``, ``<eos>``, ``w0`` ... ``w93``: the random models' word-level tokenizer at the tiny size."""
+    from tr_core.bench.random_models import word_tokenizer
 
-    vocab = {"<unk>": 0, "<eos>": 1, **{f"w{i}": i + 2 for i in range(TINY_VOCAB - 2)}}
-    tok = Tokenizer(WordLevel(vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = Whitespace()
-    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", eos_token="<eos>")
+    return word_tokenizer(TINY_VOCAB)
 
 
 def make_tiny_model(seed: int = 0):

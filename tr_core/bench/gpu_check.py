@@ -542,7 +542,8 @@ def format_report(r: dict) -> str:
         lines.append("")
     nw = r.get("no_weights", {})
     table("no weights: every decoder vs generate(do_sample=False), float32, random models",
-          [(k, v) for k, v in nw.items() if k != "seconds"] if "error" not in nw and "skipped" not in nw else [("-", nw)])
+          [(k, v) for k, v in nw.items() if k != "seconds"] if "error" not in nw and "skipped" not in nw
+          else [("-", nw)])
     ex = r.get("exactness", {})
     table(f"exactness on {r['model'].get('name', r['model'].get('spec'))}",
           [(d, v) for d, v in ex.items() if d != "seconds"] if "skipped" not in ex and "error" not in ex else [("-", ex)])

@@ -85,8 +85,9 @@ class ForwardRequest:
     tree mask ``[1, 1, q, past + q]`` (or one per layer type; None: causal), ``cache`` the KV cache
     holding ``past`` entries that the forward appends to.  ``draft`` is the decoder's own record of
     what it drafted, ``clock`` times its phases.  ``batch``, ``batch_tokens``: the requests and query
-    tokens of the forward that ran it, where it was shared with other requests (tr_core.batching).  ``rows``: the positions whose logits the
-    step needs (a prefill's few), the output head run there alone; None: every position.  ``hidden_rows``:
+    tokens of the forward that ran it, where it was shared with other requests (tr_core.batching).
+    ``rows``: the positions whose logits the step needs (a prefill's few), the output head run there
+    alone; None: every position.  ``hidden_rows``:
     positions whose last hidden states (after the final norm) the step takes instead, in ``hidden``
     ``[h, d]`` after the forward: its decoder runs the output head there itself, off the forward's clock.
     ``prepared``: the seconds its decoder spent making it (drafting, masks); ``finishing``
