@@ -5,11 +5,9 @@ candidate of that one's row, ...).  The auto tree keeps the nodes whose rate pay
 """
 from __future__ import annotations
 
-import plotly.graph_objects as go
-
 from tr_core.trace import Step
 
-from .figures import figure, scatter
+from .figures import Figure, figure, scatter
 from .tree_plot import edge_trace, note, panel_layout, tree_layout
 
 LEGEND = ("colour = accepted ÷ drafted (white 0% → green 100%)<br>size = how often drafted · hover: the rank path<br>"
@@ -37,7 +35,7 @@ def acceptance_counts(steps: list[Step]) -> dict[tuple[int, ...], list[int]]:
     return counts
 
 
-def acceptance_figure(steps: list[Step], upto: int) -> go.Figure:
+def acceptance_figure(steps: list[Step], upto: int) -> Figure:
     counts = acceptance_counts(steps[:upto])
     ptd = bool(steps) and steps[0].method == "ptd"
     layout = panel_layout(f"Acceptance map, steps 1–{upto}:<br>how often each node was accepted",

@@ -3,9 +3,7 @@ from __future__ import annotations
 
 import html
 
-import plotly.graph_objects as go
-
-from .figures import bar, figure, scatter
+from .figures import Figure, bar, figure, scatter
 
 
 # Beside the figure, on the first screen, in one line: the ★ is counted.
@@ -84,7 +82,7 @@ def counters_html(fig: dict | None, method_label: str = "Token Recycling", sampl
         + (f"<div class='extra'>{extra}</div>" if extra else ""))
 
 
-def charts_figure(accepted_lengths: list[int], speedups: list[float], max_len: int = 7) -> go.Figure:
+def charts_figure(accepted_lengths: list[int], speedups: list[float], max_len: int = 7) -> Figure:
     """How many steps committed 1, 2, ... tokens, and the speedup after each step, side by side.  The bars
     run to one past the longest step seen (at least 7), never past ``max_len``, the most one step can commit."""
     max_len = min(max_len, max(7, max(accepted_lengths, default=0) + 1))  # up to the longest seen, not all possible

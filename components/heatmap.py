@@ -1,11 +1,9 @@
 """The matrix rows one step wrote, as a plotly heatmap: one row per token, k candidate columns."""
 from __future__ import annotations
 
-import plotly.graph_objects as go
-
 from tr_core.trace import RowUpdate, Step
 
-from .figures import figure, heatmap
+from .figures import Figure, figure, heatmap
 from .tokens import visible
 from .tree_plot import HEIGHT, heading, note, top_margin
 
@@ -34,7 +32,7 @@ def legend(frame: int) -> str:
 EMPTY_START = "Each step writes the rows of every token<br>it ran through the model (the recycling)."
 
 
-def heatmap_figure(step: Step | None, token_text, frame: int = 0, picked: list[int] | None = None) -> go.Figure:
+def heatmap_figure(step: Step | None, token_text, frame: int = 0, picked: list[int] | None = None) -> Figure:
     """``frame`` 1-3 (Teach mode before recycling) shows the rows before the writes; ``picked``: row
     tokens to outline (the row a clicked node was drafted from and the row it wrote)."""
     before = frame in (1, 2, 3)

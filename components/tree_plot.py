@@ -1,11 +1,9 @@
 """The draft tree of one step as a plotly figure, laid out top-down by depth as a tidy tree."""
 from __future__ import annotations
 
-import plotly.graph_objects as go
-
 from tr_core.trace import Step
 
-from .figures import figure, scatter
+from .figures import Figure, figure, scatter
 from .tokens import visible
 from .tree_labels import Frame, Mark, frame_for, place_labels
 
@@ -46,8 +44,7 @@ def _preorder(children: list[list[int]]) -> list[int]:
 
 
 def panel_layout(title: str, legend: str, uirevision: str, height: int = TREE_HEIGHT) -> dict:
-    """A tree panel's whole layout, given to ``go.Figure`` at once (each later ``update_layout`` costs about
-    as much as the whole figure): no axes, the ``heading``; ``uirevision`` keeps zoom across steps."""
+    """A tree panel's layout: no axes, the ``heading``; ``uirevision`` keeps zoom across steps."""
     return dict(uirevision=uirevision, height=height, plot_bgcolor="white", showlegend=False,
                 margin=dict(l=6, r=6, t=top_margin(title, legend, 58), b=4), title=heading(title, legend),
                 xaxis=dict(visible=False), yaxis=dict(visible=False))
@@ -328,7 +325,7 @@ DRAFT_LEGEND = ("<span style='color:#1f4e99'>●</span> root · <span style='col
 FATE_COLORS = {"root": "#1f4e99", "kept": "#7f8c9a", "new": "#2e9d4f", "pruned": "#d0455b"}
 
 
-def draft_figure(step: Step | None, token_text, title: str = "") -> go.Figure:
+def draft_figure(step: Step | None, token_text, title: str = "") -> Figure:
     """PTD's evolving draft tree after a step: kept nodes grey, new children green, pruned ones red."""
     layout = panel_layout(title or "PTD's draft tree", DRAFT_LEGEND, "draft")
     d = step.draft_tree if step is not None else None

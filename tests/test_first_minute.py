@@ -296,8 +296,7 @@ PHONE_LINE = 55  # characters of a plot's title or legend line that fit a 390 px
 @pytest.mark.parametrize("method,start", [("tr", "hot"), ("tr", "cold"), ("ptd", "hot")])
 def test_every_plot_title_and_legend_line_fits_a_phone(hub, method, start):  # noqa: F811
     """Plotly does not wrap titles: a longer line is cut at a phone's edge (the walks found several)."""
-    import plotly.graph_objects as go
-
+    from components.figures import Figure
     from components.panels import draw_panels
 
     sess = page_session()
@@ -309,7 +308,7 @@ def test_every_plot_title_and_legend_line_fits_a_phone(hub, method, start):  # n
     for shown in (None, 1, 2, 3):
         for frame in range(5):
             for panel in draw_panels(view if shown else None, shown, frame, None):
-                text = panel.layout.title.text if isinstance(panel, go.Figure) else None
+                text = panel.layout.title.text if isinstance(panel, Figure) else None
                 for line in (text or "").split("<br>"):
                     line = re.sub("<[^>]+>", "", line)
                     if len(line) > PHONE_LINE:

@@ -105,12 +105,15 @@ def test_every_figure_drawn_is_what_plotly_validation_makes_of_it():
     """The panels' figures skip plotly's validation (``components.figures``): each figure of the three
     example runs, at every third step and the last (Teach mode's frames at the first three), and of the
     empty state, is the same figure once validated, so no property is misnamed, misplaced or left for
-    plotly to expand (``font_size`` for ``font.size``)."""
+    plotly to expand (``font_size`` for ``font.size``), and what ``gr.Plot`` sends of it is plotly's JSON
+    with the template ``go.Figure`` would give it."""
     import json
     from pathlib import Path
 
+    import gradio as gr
     import plotly.graph_objects as go
 
+    from components.figures import Figure
     from components.panels import draw_panels
     from components.run_view import RunView
     from tr_core.runs import read_run
@@ -122,9 +125,12 @@ def test_every_figure_drawn_is_what_plotly_validation_makes_of_it():
         for n in ([None] if view is None else [n for n in range(1, last + 1) if n <= 3 or n % 3 == 0 or n == last]):
             for frame in ((0,) if view is None or n > 3 else (0, 1, 2, 3, 4)):  # Teach frames: steps 1-3
                 for fig in draw_panels(view, n, frame, picked=0 if frame == 0 else None):
-                    if isinstance(fig, go.Figure):
-                        drawn = json.loads(fig.to_json())
-                        validated = json.loads(go.Figure(fig.to_dict()).to_json())
+                    if isinstance(fig, Figure):
+                        sent = gr.Plot().postprocess(fig)  # what the page gets
+                        assert sent.type == "plotly"
+                        drawn = json.loads(sent.plot)
+                        # built and validated by plotly, with its default template
+                        validated = json.loads(go.Figure(data=fig.traces, layout=fig.layout_dict).to_json())
                         assert validated == drawn, (n, frame, drawn["layout"].get("title"))
                         checked += 1
     assert checked > 150
