@@ -10,8 +10,11 @@ gives bit-identical outputs, so on CPU a masked forward skips the copy.  On CUDA
 a mask falls back to PyTorch's math kernel (itself a copy, and slower), so there the query heads of a
 group are folded into the query length instead (``fold``: ``[b, kv_heads, groups * q, d]`` against the
 shared keys, the mask repeated per group, a few kilobytes), which the memory-efficient kernel runs as
-is: transformers does the same for one query token (``pack_gqa``).  Everything else (one-token steps
-without a mask, models with biases or sinks, per-head masks) goes to transformers' own function.
+is: transformers does the same for one query token (``pack_gqa``).  A one-token step without a mask
+makes the call transformers makes (``enable_gqa``), here, so that a packed forward (many tabs' steps,
+:func:`packed_attention`) lays its requests' outputs out once per layer, not once per request.
+Everything else (several queries without a mask, models with biases or sinks, per-head masks) goes
+to transformers' own function.
 
 ``MASKED_GQA`` picks the way per device type (the GPU check times each: ``repeat_kv`` is
 transformers' own).
@@ -38,17 +41,33 @@ def sdpa_shared_kv(module: torch.nn.Module, query: torch.Tensor, key: torch.Tens
     segments, packed = kwargs.pop("segments", None), kwargs.pop("packed", None)
     if segments:
         return packed_attention(module, query, attention_mask, segments, packed, dropout, scaling, **kwargs), None
-    groups = getattr(module, "num_key_value_groups", 1)
-    way = MASKED_GQA.get(query.device.type, "repeat_kv")
-    if (groups == 1 or attention_mask is None or way == "repeat_kv" or attention_mask.shape[1] != 1
-            or any(kwargs.get(name) is not None for name in _EXTRAS)):
+    out = shared_kv_heads_first(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
+    if out is None:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
                                       scaling=scaling, is_causal=is_causal, **kwargs)
-    if way == "fold":
-        return folded_attention(query, key, value, attention_mask, dropout, scaling), None
-    out = F.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask, dropout_p=dropout,
-                                         scale=scaling, enable_gqa=True)
     return out.transpose(1, 2).contiguous(), None
+
+
+def shared_kv_heads_first(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                          mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
+                          **kwargs) -> torch.Tensor | None:
+    """Grouped-query attention in one kernel call with the key/value heads shared: ``[b, heads, q, d]``
+    (heads first, as the kernel gives it); None where transformers' own function is the way (no
+    groups, a per-head mask, biases or sinks, ``repeat_kv`` devices, several queries without a mask)."""
+    groups = getattr(module, "num_key_value_groups", 1)
+    if groups == 1 or any(kwargs.get(name) is not None for name in _EXTRAS):
+        return None
+    way = MASKED_GQA.get(query.device.type, "repeat_kv")
+    if mask is None:
+        if way == "repeat_kv" or query.shape[2] != 1 or key.shape[-1] != value.shape[-1] or key.shape[-1] > 256:
+            return None
+        return F.scaled_dot_product_attention(query, key, value, dropout_p=dropout, scale=scaling, enable_gqa=True)
+    if way == "repeat_kv" or mask.shape[1] != 1:
+        return None
+    if way == "fold":
+        return folded_heads_first(query, key, value, mask, dropout, scaling)
+    return F.scaled_dot_product_attention(query, key, value, attn_mask=mask, dropout_p=dropout, scale=scaling,
+                                          enable_gqa=True)
 
 
 def packed_attention(module: torch.nn.Module, query: torch.Tensor, mask: torch.Tensor, segments, packed,
@@ -56,25 +75,31 @@ def packed_attention(module: torch.nn.Module, query: torch.Tensor, mask: torch.T
     """Several requests packed in one forward (:mod:`tr_core.batching`): each segment's queries
     ``q0:q1`` attend to its own request's keys alone (``packed.parts``: each request's cache after this
     layer's update, :class:`tr_core.batching.PackedCache`), with its block of the mask (or none, where
-    it had none alone), exactly as its own forward would.  -> ``[1, Q, heads, d]``."""
+    it had none alone), exactly as its own forward would.  The segments' outputs are joined heads first
+    and laid out once for the layer.  -> ``[1, Q, heads, d]``."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
     if getattr(module, "layer_idx", packed.layer) != packed.layer:
         raise RuntimeError(f"layer {module.layer_idx} attends without updating the packed cache (it holds layer "
                            f"{packed.layer}'s keys): a model whose layers share keys cannot be packed")
     outs = []
     for s, (keys, values) in zip(segments, packed.parts):
         own = mask[:, :, s.q0:s.q1, s.k0:s.k1] if s.masked else None
-        out, _ = sdpa_shared_kv(module, query[:, :, s.q0:s.q1], keys, values, own,
-                                dropout=dropout, scaling=scaling, **kwargs)
+        queries = query[:, :, s.q0:s.q1]
+        out = shared_kv_heads_first(module, queries, keys, values, own, dropout, scaling, **kwargs)
+        if out is None:  # [1, q, heads, d] from transformers, seen heads first again (no copy)
+            out = sdpa_attention_forward(module, queries, keys, values, own, dropout=dropout, scaling=scaling,
+                                         **kwargs)[0].transpose(1, 2)
         outs.append(out)
-    return torch.cat(outs, dim=1)
+    return torch.cat(outs, dim=2).transpose(1, 2).contiguous()
 
 
-def folded_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor,
-                     dropout: float = 0.0, scaling: float | None = None) -> torch.Tensor:
+def folded_heads_first(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor,
+                       dropout: float = 0.0, scaling: float | None = None) -> torch.Tensor:
     """Grouped-query attention with a mask and no copy of the keys and values: the ``groups`` query
     heads that share a KV head become ``groups * q`` query rows of that head (the mask repeated for
     each).  ``query [b, heads, q, d]``, ``key``/``value [b, kv_heads, kv, d]``, ``mask [b, 1, q, kv]``
-    -> ``[b, q, heads, d]``."""
+    -> ``[b, heads, q, d]``."""
     b, heads, q, d = query.shape
     kv_heads = key.shape[1]
     groups = heads // kv_heads
@@ -82,7 +107,13 @@ def folded_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
     mask = mask.expand(b, 1, q, mask.shape[-1])[:, :, None].expand(b, 1, groups, q, mask.shape[-1])
     out = F.scaled_dot_product_attention(folded, key, value, attn_mask=mask.reshape(b, 1, groups * q, -1),
                                          dropout_p=dropout, scale=scaling)
-    return out.reshape(b, heads, q, value.shape[-1]).transpose(1, 2).contiguous()
+    return out.reshape(b, heads, q, value.shape[-1])
+
+
+def folded_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor,
+                     dropout: float = 0.0, scaling: float | None = None) -> torch.Tensor:
+    """:func:`folded_heads_first` laid out as transformers' attention functions give it: ``[b, q, heads, d]``."""
+    return folded_heads_first(query, key, value, mask, dropout, scaling).transpose(1, 2).contiguous()
 
 
 def register() -> str:
