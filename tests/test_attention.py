@@ -85,3 +85,45 @@ def test_folded_query_groups_give_the_kv_copy_s_result_without_the_copy(monkeypa
     monkeypatch.setattr(sdpa, "repeat_kv", lambda x, n: copies.append(n) or x.repeat_interleave(n, 1))
     folded = logits("fold")
     assert copies == [] and torch.allclose(folded, reference, atol=1e-5)
+
+
+class _Grouped(torch.nn.Module):
+    """An attention module's attributes as transformers' SDPA function reads them: 2 query heads a KV head."""
+
+    num_key_value_groups = 2
+    is_causal = True
+
+
+def test_a_one_token_step_without_a_mask_is_transformers_own_call():
+    """The project makes that call itself (so that a packed forward lays outputs out once): bit for bit."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    q, kv = torch.randn(1, 4, 1, 8), torch.randn(1, 2, 7, 8)
+    ours, _ = sdpa_shared_kv(_Grouped(), q, kv, kv, None)
+    theirs, _ = sdpa_attention_forward(_Grouped(), q, kv, kv, None)
+    assert ours.shape == (1, 1, 4, 8) and torch.equal(ours, theirs)
+
+
+def test_packed_segments_each_get_their_own_attention_bit_for_bit():
+    """Segments of every kind in one packed call (a masked tree, a one-token step without a mask, a
+    prompt's unmasked queries): each equals its own call alone, exactly."""
+    from types import SimpleNamespace
+
+    from tr_core.attention import packed_attention
+    from tr_core.batching import Segment
+
+    gen = torch.Generator().manual_seed(3)
+    sizes = [(3, 9), (1, 6), (4, 4)]  # (queries, keys) of each request
+    query = torch.randn(1, 4, sum(q for q, _ in sizes), 8, generator=gen)
+    parts = [(torch.randn(1, 2, k, 8, generator=gen), torch.randn(1, 2, k, 8, generator=gen)) for _, k in sizes]
+    mask = torch.zeros(1, 1, query.shape[2], sum(k for _, k in sizes), dtype=torch.bool)
+    tree = torch.rand(3, 9, generator=gen) > 0.4
+    tree[:, 0] = True
+    mask[0, 0, 0:3, 0:9] = tree
+    segments = [Segment(0, 3, 0, 9, True), Segment(3, 4, 9, 15, False), Segment(4, 8, 15, 19, False)]
+    packed = SimpleNamespace(parts=parts, layer=0)
+    out = packed_attention(_Grouped(), query, mask, segments, packed)  # [1, Q, heads, d]
+    for s, (keys, values) in zip(segments, parts):
+        own = mask[:, :, s.q0:s.q1, s.k0:s.k1] if s.masked else None
+        alone, _ = sdpa_shared_kv(_Grouped(), query[:, :, s.q0:s.q1], keys, values, own)
+        assert torch.equal(out[:, s.q0:s.q1], alone)

@@ -187,7 +187,7 @@ def summary(n: int, rates: list[float], waits: list[float]) -> dict:
 
 
 def measure_class(tabs: list[int], presses: int, batch_tabs: int, apart: bool = True, nice: int = 19,
-                  rounds: int = 1) -> list[dict]:
+                  rounds: int = 3) -> list[dict]:
     """For each N of ``tabs``: N ``gradio_client`` sessions press Step ``presses`` times together (the
     page's defaults: TR, auto tree, 64 new tokens); the server's steps per second and each press's wait.
     ``rounds``: the whole series again, interleaved (1, 8, 16, 1, 8, 16, ...), the rates' median kept
@@ -225,7 +225,7 @@ def measure_class(tabs: list[int], presses: int, batch_tabs: int, apart: bool = 
                     continue
                 out = subprocess.run([sys.executable, "-m", "tests.test_load", "--clients", url, str(n), str(presses)],
                                      capture_output=True, text=True, check=True, timeout=1800,
-                                     preexec_fn=lambda: os.nice(nice))
+                                     preexec_fn=lambda: os.setpriority(os.PRIO_PROCESS, 0, nice))
                 found[n].append(json.loads(out.stdout.strip().splitlines()[-1]))
     finally:
         demo.close()
@@ -233,7 +233,25 @@ def measure_class(tabs: list[int], presses: int, batch_tabs: int, apart: bool = 
             for n, runs in found.items()]
 
 
-if __name__ == "__main__":  # python -m tests.test_load [batch_tabs] [--inside] [--nice=N] [--rounds=R]: the class figures
+def class_arguments(argv: list[str]):
+    """The command line of ``python -m tests.test_load``, checked before anything loads."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m tests.test_load",
+                                     description="A class on one server: 1, 8 and 16 gradio_client sessions "
+                                                 "pressing Step together (the page's defaults).")
+    parser.add_argument("batch_tabs", nargs="?", type=int, default=16, help="tabs whose steps run side by side")
+    parser.add_argument("--rounds", type=int, default=3, help="the series 1, 8, 16 this many times, interleaved")
+    parser.add_argument("--nice", type=int, default=19, choices=range(0, 20), metavar="0-19",
+                        help="the clients' process's niceness (default the lowest priority)")
+    parser.add_argument("--inside", action="store_true", help="the clients as threads of the server's process")
+    args = parser.parse_args(argv)
+    if args.batch_tabs < 1 or args.rounds < 1:
+        parser.error("batch_tabs and --rounds are at least 1")
+    return args
+
+
+if __name__ == "__main__":  # python -m tests.test_load [batch_tabs] [--rounds R] [--nice N] [--inside]
     import json
     import sys
 
@@ -243,18 +261,16 @@ if __name__ == "__main__":  # python -m tests.test_load [batch_tabs] [--inside] 
     if sys.argv[1:2] == ["--clients"]:  # the class's clients, in a process of their own
         print(json.dumps(press_together(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))))
         sys.exit(0)
-    inside = "--inside" in sys.argv
-    option = {k: int(v) for k, _, v in (a[2:].partition("=") for a in sys.argv[1:] if "=" in a and a.startswith("--"))}
-    nice, rounds = option.get("nice", 19), option.get("rounds", 3)
-    numbers = [a for a in sys.argv[1:] if not a.startswith("--")]
-    batch = int(numbers[0]) if numbers else 16
-    found = measure_class([1, 8, 16], presses=6, batch_tabs=batch, apart=not inside, nice=nice, rounds=rounds)
-    where = "in the server's process" if inside else f"in a process of their own at niceness {nice}"
-    print(f"class on one server ({cpu_words(cpu_info())}), batch_tabs={batch}, 6 presses a tab, 64 new tokens, "
-          f"clients {where}, {rounds} rounds interleaved (steps/s: their median; waits: every round's presses)")
+    args = class_arguments(sys.argv[1:])
+    found = measure_class([1, 8, 16], presses=6, batch_tabs=args.batch_tabs, apart=not args.inside, nice=args.nice,
+                          rounds=args.rounds)
+    where = "in the server's process" if args.inside else f"in a process of their own at niceness {args.nice}"
+    print(f"class on one server ({cpu_words(cpu_info())}), batch_tabs={args.batch_tabs}, 6 presses a tab, "
+          f"64 new tokens, clients {where}, {args.rounds} round(s) interleaved (steps/s: their median; waits: "
+          "every round's presses)")
     print("| tabs | steps/s (each round) | vs one tab | wait median | p95 | longest |")
     for row in found:
         each = ", ".join(f"{r:.2f}" for r in row["rates"])
-        print(f"| {row['tabs']} | {row['steps_per_s']:.2f} ({each}) | {row['steps_per_s'] / found[0]['steps_per_s']:.2f}x "
+        print(f"| {row['tabs']} | {row['steps_per_s']:.2f} ({each}) "
+              f"| {row['steps_per_s'] / found[0]['steps_per_s']:.2f}x "
               f"| {row['median']:.2f} s | {row['p95']:.2f} s | {row['longest']:.2f} s |")
-

@@ -11,10 +11,11 @@ a mask falls back to PyTorch's math kernel (itself a copy, and slower), so there
 group are folded into the query length instead (``fold``: ``[b, kv_heads, groups * q, d]`` against the
 shared keys, the mask repeated per group, a few kilobytes), which the memory-efficient kernel runs as
 is: transformers does the same for one query token (``pack_gqa``).  A one-token step without a mask
-makes the call transformers makes (``enable_gqa``), here, so that a packed forward (many tabs' steps,
-:func:`packed_attention`) lays its requests' outputs out once per layer, not once per request.
-Everything else (several queries without a mask, models with biases or sinks, per-head masks) goes
-to transformers' own function.
+makes here the very call transformers would make, where transformers would make it (its own
+``use_gqa_in_sdpa`` decides), so that a packed forward (many tabs' steps, :func:`packed_attention`)
+lays its requests' outputs out once per layer, not once per request.  Everything else (models without
+grouped heads, several queries without a mask, models with biases or sinks, per-head masks, devices
+of ``repeat_kv``) goes to transformers' own function.
 
 ``MASKED_GQA`` picks the way per device type (the GPU check times each: ``repeat_kv`` is
 transformers' own).
@@ -22,6 +23,9 @@ transformers' own).
 Registered through transformers' ``AttentionInterface`` under ``ATTENTION``; ``load_model`` selects it.
 """
 from __future__ import annotations
+
+import inspect
+from functools import lru_cache
 
 import torch
 import torch.nn.functional as F
@@ -51,23 +55,45 @@ def sdpa_shared_kv(module: torch.nn.Module, query: torch.Tensor, key: torch.Tens
 def shared_kv_heads_first(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                           mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
                           **kwargs) -> torch.Tensor | None:
-    """Grouped-query attention in one kernel call with the key/value heads shared: ``[b, heads, q, d]``
-    (heads first, as the kernel gives it); None where transformers' own function is the way (no
-    groups, a per-head mask, biases or sinks, ``repeat_kv`` devices, several queries without a mask)."""
+    """Grouped-query attention in one kernel call with the key/value heads shared.  ``query [b, heads,
+    q, d]``, ``key``/``value [b, kv_heads, kv, d]``, ``mask [b, 1, q, kv]`` or None -> ``[b, heads, q,
+    d]`` (heads first, as the kernel gives it); None where transformers' own function is the way (no
+    groups, a per-head mask, biases or sinks, ``repeat_kv`` devices, several queries without a mask, or
+    one query where transformers itself would not share the heads)."""
     groups = getattr(module, "num_key_value_groups", 1)
-    if groups == 1 or any(kwargs.get(name) is not None for name in _EXTRAS):
-        return None
     way = MASKED_GQA.get(query.device.type, "repeat_kv")
-    if mask is None:
-        if way == "repeat_kv" or query.shape[2] != 1 or key.shape[-1] != value.shape[-1] or key.shape[-1] > 256:
+    if groups == 1 or way == "repeat_kv" or any(kwargs.get(name) is not None for name in _EXTRAS):
+        return None
+    if mask is None:  # transformers' own call, where transformers makes it (``use_gqa_in_sdpa``)
+        if query.shape[2] != 1 or not transformers_shares_heads(key, value):
             return None
         return F.scaled_dot_product_attention(query, key, value, dropout_p=dropout, scale=scaling, enable_gqa=True)
-    if way == "repeat_kv" or mask.shape[1] != 1:
+    if mask.shape[1] != 1:
         return None
     if way == "fold":
         return folded_heads_first(query, key, value, mask, dropout, scaling)
     return F.scaled_dot_product_attention(query, key, value, attn_mask=mask, dropout_p=dropout, scale=scaling,
                                           enable_gqa=True)
+
+
+def transformers_shares_heads(key: torch.Tensor, value: torch.Tensor) -> bool:
+    """Whether transformers' own SDPA function, given no mask, keeps the key/value heads shared
+    (``enable_gqa``) for these keys and values on this machine: its own ``use_gqa_in_sdpa``."""
+    rule = _gqa_rule()
+    return rule is not None and bool(rule(key, value))
+
+
+@lru_cache(maxsize=1)
+def _gqa_rule():
+    """transformers' ``use_gqa_in_sdpa`` without a mask, as ``(key, value) -> bool`` whichever of its
+    signatures this version has; None where it has none (then transformers' function does the work)."""
+    try:
+        from transformers.integrations.sdpa_attention import use_gqa_in_sdpa
+    except ImportError:
+        return None
+    if "value" in inspect.signature(use_gqa_in_sdpa).parameters:
+        return lambda key, value: use_gqa_in_sdpa(None, key, value)
+    return lambda key, value: use_gqa_in_sdpa(None, key)
 
 
 def packed_attention(module: torch.nn.Module, query: torch.Tensor, mask: torch.Tensor, segments, packed,
@@ -76,7 +102,8 @@ def packed_attention(module: torch.nn.Module, query: torch.Tensor, mask: torch.T
     ``q0:q1`` attend to its own request's keys alone (``packed.parts``: each request's cache after this
     layer's update, :class:`tr_core.batching.PackedCache`), with its block of the mask (or none, where
     it had none alone), exactly as its own forward would.  The segments' outputs are joined heads first
-    and laid out once for the layer.  -> ``[1, Q, heads, d]``."""
+    and laid out once for the layer.  ``query [1, heads, Q, d]``, ``mask [1, 1, Q, K]`` (every request's
+    block) -> ``[1, Q, heads, d]``."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     if getattr(module, "layer_idx", packed.layer) != packed.layer:
