@@ -7,6 +7,13 @@ from tr_core.attention import ATTENTION, register, sdpa_shared_kv
 from tr_core.trees import load_tree
 
 
+class _Grouped(torch.nn.Module):
+    """An attention module's attributes as transformers' SDPA function reads them: 2 query heads a KV head."""
+
+    num_key_value_groups = 2
+    is_causal = True
+
+
 def test_tree_forward_equals_transformers_sdpa_and_skips_the_kv_copy(monkeypatch):
     model = make_tiny_model()  # 4 query heads, 2 KV heads
     assert model.model.layers[0].self_attn.num_key_value_groups == 2
@@ -35,17 +42,13 @@ def test_tree_forward_equals_transformers_sdpa_and_skips_the_kv_copy(monkeypatch
 
 
 def test_other_cases_go_to_transformers_own_function():
-    class Module(torch.nn.Module):
-        num_key_value_groups = 2
-        is_causal = True
-
     q, kv = torch.randn(1, 4, 3, 8), torch.randn(1, 2, 5, 8)
     causal = torch.ones(3, 5, dtype=torch.bool).tril(2)[None, None]
-    out, _ = sdpa_shared_kv(Module(), q, kv, kv, causal)
+    out, _ = sdpa_shared_kv(_Grouped(), q, kv, kv, causal)
     expected = torch.nn.functional.scaled_dot_product_attention(q, kv.repeat_interleave(2, 1), kv.repeat_interleave(2, 1),
                                                                 attn_mask=causal).transpose(1, 2)
     assert torch.allclose(out, expected, atol=1e-6)
-    unmasked, _ = sdpa_shared_kv(Module(), q, kv, kv, None)  # no mask: transformers' path (causal)
+    unmasked, _ = sdpa_shared_kv(_Grouped(), q, kv, kv, None)  # no mask: transformers' path (causal)
     assert unmasked.shape == (1, 3, 4, 8)
 
 
@@ -85,13 +88,6 @@ def test_folded_query_groups_give_the_kv_copy_s_result_without_the_copy(monkeypa
     monkeypatch.setattr(sdpa, "repeat_kv", lambda x, n: copies.append(n) or x.repeat_interleave(n, 1))
     folded = logits("fold")
     assert copies == [] and torch.allclose(folded, reference, atol=1e-5)
-
-
-class _Grouped(torch.nn.Module):
-    """An attention module's attributes as transformers' SDPA function reads them: 2 query heads a KV head."""
-
-    num_key_value_groups = 2
-    is_causal = True
 
 
 def test_a_one_token_step_without_a_mask_is_transformers_own_call():
