@@ -121,7 +121,14 @@ def lockstep(lm, decoders, prompts) -> list[int]:
 
 def pytest_configure(config):
     """A worker of ``pytest -n N`` takes its share of the cores for torch, so that N workers do not
-    run N times the cores' threads (which would make every forward of every worker wait)."""
+    run N times the cores' threads (which would make every forward of every worker wait).
+
+    The servers the tests start send their heartbeat every half second, not every 15 s (Gradio's
+    default, which ``python app.py`` and ``python -m tests.test_load`` keep): a tab that closes is
+    noticed at its connection's next heartbeat, and only then does its unload event free its session,
+    while a closing ``gradio_client`` waits up to a second for its heartbeat stream.  A test that closes
+    tabs and waits for their sessions to go waited mostly for that (the load test: 56 s, 24 s now)."""
+    os.environ.setdefault("GRADIO_HEARTBEAT_INTERVAL", "0.5")
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     if workers > 1:
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
