@@ -124,10 +124,12 @@ def pytest_configure(config):
     run N times the cores' threads (which would make every forward of every worker wait).
 
     The servers the tests start send their heartbeat every half second, not every 15 s (Gradio's
-    default, which ``python app.py`` and ``python -m tests.test_load`` keep): a tab that closes is
-    noticed at its connection's next heartbeat, and only then does its unload event free its session,
-    while a closing ``gradio_client`` waits up to a second for its heartbeat stream.  A test that closes
-    tabs and waits for their sessions to go waited mostly for that (the load test: 56 s, 24 s now)."""
+    default, which ``python app.py`` and ``python -m tests.test_load`` keep).  A closing
+    ``gradio_client`` keeps its heartbeat connection open until the server's next heartbeat message
+    (its ``close`` waits a second for it, then leaves it running), and the server's unload event frees
+    the client's session only when that connection ends; a browser tab closes its connection at once.
+    A test that closes clients and waits for their sessions to go waited mostly for that (the load
+    test: 56 s, 24 s now).  The servers' event streams also carry a heartbeat every half second."""
     os.environ.setdefault("GRADIO_HEARTBEAT_INTERVAL", "0.5")
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     if workers > 1:
