@@ -133,16 +133,18 @@ def test_tr_core_imports_nothing_of_the_app():
 
 
 def test_parts_left_out_are_said_in_the_json_the_table_and_the_verdict(tmp_path):
-    from tr_core.bench.gpu_check import PARTS, format_report, main, run_check, verdict
+    from tr_core.bench.gpu_check import PARTS, CheckOptions, format_report, main, run_check, verdict
 
-    r = run_check(device="cpu", shapes="small", no_weights=True, skip=PARTS, json_path=str(tmp_path / "r.json"))
+    r = run_check(CheckOptions(device="cpu", shapes="small", no_weights=True, skip=PARTS,
+                               json_path=str(tmp_path / "r.json")))
     assert all(r[p] == {"skipped": "--skip"} for p in ("no_weights", "costs", "dtype_rule", "batching"))
     assert json.loads((tmp_path / "r.json").read_text())["costs"] == {"skipped": "--skip"}
     table = format_report(r)
     assert "dtype rule: {'skipped': '--skip'}" in table and "batching: {'skipped': '--skip'}" in table
     ok, words = verdict(r)
     assert ok and words.endswith("parts not run: no_weights, exactness, timed, costs, dtype_rule, batching")
-    r = run_check(device="cpu", shapes="small", no_weights=True, skip=("no_weights", "costs", "dtype_rule"))
+    r = run_check(CheckOptions(device="cpu", shapes="small", no_weights=True,
+                               skip=("no_weights", "costs", "dtype_rule")))
     assert r["batching"] == {"skipped": "it runs on the costs part's model, which failed or was skipped"}
     with pytest.raises(SystemExit):  # argparse's error: the parts it takes, named
         main(["--skip", "no_weights,everything"])

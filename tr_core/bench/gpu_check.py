@@ -38,6 +38,7 @@ import json
 import platform
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 PROMPTS = ["Explain in two sentences why the sky is blue.",
@@ -400,109 +401,150 @@ def class_projection(by_batch: dict) -> dict | None:
 
 
 # ---- the command ----------------------------------------------------------------------------------
-def run_check(model: str | None = None, device: str | None = None, shapes: str = "7b", prompts: int = 6,
-              tokens: int = 64, dtypes=("float32", "bfloat16"), repeats: int = 3, json_path: str | None = None,
-              no_weights: bool = False, prompts_file: str | None = None, limit: int = 1, timed_tokens: int = 96,
-              timed_dtype: str = "float32", random_prompts_count: int = 2, random_tokens: int = 32,
-              batching: bool = True, parts=None, loaded: dict | None = None, families=None,
-              timed_prompts: int | None = None, argv: list[str] | None = None,
-              skip: tuple[str, ...] = ()) -> dict:
-    """Every part of the module doc but those named in ``skip``; ``parts``: more ``{name: fn(lm, texts)
-    -> dict}`` run on the model at the end (the app's check); ``loaded``: models already in memory by
-    dtype name (tests); ``argv``: the command's arguments, recorded in the file's ``provenance``."""
-    import torch
+@dataclass
+class CheckOptions:
+    """What the command asks for: its flags, by the same names (``json_path`` is ``--out``)."""
+    model: str | None = None
+    device: str | None = None
+    shapes: str = "7b"
+    prompts: int = 6
+    tokens: int = 64
+    dtypes: tuple[str, ...] = ("float32", "bfloat16")
+    repeats: int = 3
+    json_path: str | None = None
+    no_weights: bool = False
+    prompts_file: str | None = None
+    limit: int = 1
+    timed_tokens: int = 96
+    timed_dtype: str = "float32"
+    timed_prompts: int | None = None
+    random_prompts: int = 2
+    random_tokens: int = 32
+    families: tuple[str, ...] | None = None
+    batching: bool = True
+    skip: tuple[str, ...] = ()
+    argv: list[str] | None = None
 
-    from ..devices import pick_device, release_device_memory
-    from ..models import load_model
-    from .report import provenance
 
-    started = time.perf_counter()
-    path, info = resolve_model(None if no_weights else model)
-    dev = pick_device(device)
-    report: dict = {"environment": environment(dev), "model": info, "no_weights": {}, "exactness": {},
-                    "timed": {}, "costs": {}, "dtype_rule": {}, "batching": {}, "parts": {},
-                    "provenance": provenance("python -m tr_core.bench.gpu_check", argv)}
+class Report:
+    """The check's JSON: one section per part, written to ``path`` after every part, so a part that
+    fails, or a check cut short, leaves the parts before it."""
 
-    def save():
-        report["seconds"] = round(time.perf_counter() - started, 1)
-        if json_path:
-            Path(json_path).write_text(json.dumps(report, indent=2, default=str))
+    def __init__(self, dev, model_info: dict, path: str | None, provenance: dict):
+        self.dev, self.path, self.started = dev, path, time.perf_counter()
+        self.data: dict = {"environment": environment(dev), "model": model_info, "no_weights": {}, "exactness": {},
+                           "timed": {}, "costs": {}, "dtype_rule": {}, "batching": {}, "parts": {},
+                           "provenance": provenance}
 
-    def part(name, fn):
+    def save(self) -> None:
+        self.data["seconds"] = round(time.perf_counter() - self.started, 1)
+        if self.path:
+            Path(self.path).write_text(json.dumps(self.data, indent=2, default=str))
+
+    def run(self, name: str, part, skip: tuple[str, ...] = ()) -> None:
+        """Section ``name`` = ``part()``, or ``{"skipped": ...}`` where ``skip`` names it, or the error
+        it raised (out of memory said as such); timed, the device's memory given back, saved."""
+        import torch
+
+        from ..devices import release_device_memory
+
         if name in skip:
-            report[name] = {"skipped": "--skip"}
+            self.data[name] = {"skipped": "--skip"}
             return
         t0 = time.perf_counter()
         try:
-            report[name] = fn()
+            self.data[name] = part()
         except torch.OutOfMemoryError as err:
-            report[name] = {"error": f"out of memory: {str(err).splitlines()[0]}"}
+            self.data[name] = {"error": f"out of memory: {str(err).splitlines()[0]}"}
         except Exception as err:  # noqa: BLE001 - one part failing leaves the others
-            report[name] = {"error": f"{type(err).__name__}: {err}"}
-        if isinstance(report[name], dict):
-            report[name].setdefault("seconds", round(time.perf_counter() - t0, 1))
-        release_device_memory(dev)
-        save()
+            self.data[name] = {"error": f"{type(err).__name__}: {err}"}
+        if isinstance(self.data[name], dict):
+            self.data[name].setdefault("seconds", round(time.perf_counter() - t0, 1))
+        release_device_memory(self.dev)
+        self.save()
 
-    part("no_weights", lambda: check_no_weights(dev, random_tokens, random_prompts_count, families,
-                                                None if shapes == "7b" else 2))
-    measured: dict = {}
-    have_model = not no_weights and (path is not None or loaded)
-    if not have_model:
-        why = "--no-weights" if no_weights else "no --model given"
+
+def run_check(opts: CheckOptions, parts: dict | None = None) -> dict:
+    """Every part of the module doc but those named in ``opts.skip``, as one JSON-able dict;
+    ``parts``: more ``{name: fn(lm, text) -> dict}`` run on the model at the end (the app's check)."""
+    from ..devices import pick_device
+    from .report import provenance
+
+    path, info = resolve_model(None if opts.no_weights else opts.model)
+    dev = pick_device(opts.device)
+    report = Report(dev, info, opts.json_path, provenance("python -m tr_core.bench.gpu_check", opts.argv))
+    report.run("no_weights", lambda: check_no_weights(dev, opts.random_tokens, opts.random_prompts, opts.families,
+                                                      None if opts.shapes == "7b" else 2), opts.skip)
+    if path is None:
         for name in ("exactness", "timed"):
-            report[name] = {"skipped": why}
+            report.data[name] = {"skipped": "--no-weights" if opts.no_weights else "no --model given"}
+        measured = {}
     else:
-        texts = load_prompt_texts(prompts_file or info.get("prompts"), limit, prompts)
-        models = {}
+        measured = model_parts(report, opts, path, parts or {})
+    random_model_parts(report, opts, measured)
+    report.save()
+    return report.data
 
-        def exactness():
-            out = {}
-            first = None
-            for name in dtypes:
-                lm = (loaded or {}).get(name) or (first and in_dtype(first, name)) or load_model(
-                    path, str(dev), name, prepack=False)
-                first = first or lm
-                report["model"]["name"] = lm.name
-                ids = [lm.encode_prompt(text) for text in PROMPTS[:prompts]]  # short: exactness needs no more
-                out[name] = check_exactness(lm, ids, tokens)
-                models[name] = lm if name == timed_dtype else None
-                save()
-            return out
-        part("exactness", exactness)
 
-        def timed():
-            lm = models.get(timed_dtype) or (loaded or {}).get(timed_dtype) or load_model(path, str(dev), timed_dtype, prepack=False)
-            return check_timed(lm, texts[:timed_prompts] if timed_prompts else texts, timed_tokens)
-        part("timed", timed)
-        measured = report["timed"].get("methods", {}) if isinstance(report["timed"], dict) else {}
-        if "tr:paper-80" not in measured:
-            measured = report["exactness"].get(timed_dtype, {}).get("methods", {})
-        for name, fn in (parts or {}).items():
-            part_lm = models.get(timed_dtype) or load_model(path, str(dev), timed_dtype, prepack=False)
-            report["parts"][name] = fn(part_lm, texts[0].text)
-            save()
-        models.clear()
-    config = big_config(shapes)
-    part("dtype_rule", lambda: check_dtype_rule(dev, config))
-    holder = {}
+def model_parts(report: Report, opts: CheckOptions, path: str, parts: dict) -> dict:
+    """The parts on the model at ``path``: exactness in every dtype, timed in ``opts.timed_dtype``, then
+    ``parts``; gives the acceptance measured, by method (for the costs part's projections)."""
+    from ..models import load_model
 
-    def costs():
-        from .random_models import random_model
+    texts = load_prompt_texts(opts.prompts_file or report.data["model"].get("prompts"), opts.limit, opts.prompts)
+    kept = {}  # the timed dtype's model, loaded once for exactness, timed and the extra parts
 
-        holder["big"] = bare(random_model(config, dev, torch.bfloat16, sharpen=1.0),
-                             "random Llama-3-8B shapes" if shapes == "7b" else "random small GQA Llama")
-        return check_costs(holder["big"], shapes, repeats,
+    def model_in(dtype: str):
+        return kept.get(dtype) or load_model(path, str(report.dev), dtype, prepack=False)
+
+    def exactness() -> dict:
+        out, first = {}, None
+        for name in opts.dtypes:
+            lm = (first and in_dtype(first, name)) or model_in(name)  # one read of the file for every dtype
+            first = first or lm
+            report.data["model"]["name"] = lm.name
+            out[name] = check_exactness(lm, [lm.encode_prompt(t) for t in PROMPTS[:opts.prompts]], opts.tokens)
+            if name == opts.timed_dtype:
+                kept[name] = lm
+            report.save()
+        return out
+
+    report.run("exactness", exactness, opts.skip)
+    report.run("timed", lambda: check_timed(model_in(opts.timed_dtype),
+                                            texts[:opts.timed_prompts] if opts.timed_prompts else texts,
+                                            opts.timed_tokens), opts.skip)
+    for name, fn in parts.items():
+        report.data["parts"][name] = fn(model_in(opts.timed_dtype), texts[0].text)
+        report.save()
+    timed = report.data["timed"]
+    measured = timed.get("methods", {}) if isinstance(timed, dict) else {}
+    if "tr:paper-80" not in measured:
+        measured = report.data["exactness"].get(opts.timed_dtype, {}).get("methods", {})
+    return measured
+
+
+def random_model_parts(report: Report, opts: CheckOptions, measured: dict) -> None:
+    """The parts on a random model of a 7B's shapes (``opts.shapes``): the dtype rule, the forwards'
+    costs with the projections from ``measured``, and the batching part on the costs part's model."""
+    import torch
+
+    from .random_models import random_model
+
+    config, made = big_config(opts.shapes), {}
+    report.run("dtype_rule", lambda: check_dtype_rule(report.dev, config), opts.skip)
+
+    def costs() -> dict:
+        made["big"] = bare(random_model(config, report.dev, torch.bfloat16, sharpen=1.0),
+                           "random Llama-3-8B shapes" if opts.shapes == "7b" else "random small GQA Llama")
+        return check_costs(made["big"], opts.shapes, opts.repeats,
                            {k: v for k, v in measured.items() if k in ("tr:paper-80", "tr", "tr (auto)")})
-    part("costs", costs)
-    if batching and "big" in holder:
-        part("batching", lambda: check_batching(holder["big"], repeats, CACHES[shapes][0]))
-    elif batching:
-        report["batching"] = {"skipped": "--skip" if "batching" in skip
-                              else "it runs on the costs part's model, which failed or was skipped"}
-    holder.clear()
-    save()
-    return report
+
+    report.run("costs", costs, opts.skip)
+    if opts.batching and "big" in made:
+        report.run("batching", lambda: check_batching(made["big"], opts.repeats, CACHES[opts.shapes][0]), opts.skip)
+    elif opts.batching:
+        report.data["batching"] = {"skipped": "--skip" if "batching" in opts.skip
+                                   else "it runs on the costs part's model, which failed or was skipped"}
 
 
 def verdict(report: dict) -> tuple[bool, str]:
@@ -522,79 +564,84 @@ def verdict(report: dict) -> tuple[bool, str]:
 
 
 def format_report(r: dict) -> str:
+    """The printed table: the environment, then each part's lines."""
     e = r["environment"]
     lines = [f"GPU check on {e['device']} ({e['machine']}), driver {e.get('driver')}, CUDA {e.get('cuda')}, "
              f"torch {e['torch']}, transformers {e['transformers']}, gguf {e['gguf']}; {r.get('seconds')} s", ""]
-
-    def table(title, groups):
-        lines.append(title)
-        lines.append(f"  {'model':<31}{'dtype':<10}{'method':<13}{'identical':>10}{'near-ties':>10}{'bugs':>6}"
-                     f"{'MAT':>7}{'bound ulps (measured)':>24}")
-        for model, block in groups:
-            if not isinstance(block, dict) or "methods" not in block:
-                lines.append(f"  {model:<31}{block}")
-                continue
-            rd = block["rounding"]
-            for name, m in block["methods"].items():
-                lines.append(f"  {model:<31}{rd['dtype']:<10}{name:<13}{m['identical']:>5}/{m['prompts']:<4}"
-                             f"{m['near_ties']:>10}{m['bugs']:>6}{m['mat']:>7.2f}"
-                             f"{rd['bound_ulps']:>10.1f} ({rd['max_margin_ulps']:.1f})")
-        lines.append("")
-    nw = r.get("no_weights", {})
-    table("no weights: every decoder vs generate(do_sample=False), float32, random models",
-          [(k, v) for k, v in nw.items() if k != "seconds"] if "error" not in nw and "skipped" not in nw
-          else [("-", nw)])
-    ex = r.get("exactness", {})
-    table(f"exactness on {r['model'].get('name', r['model'].get('spec'))}",
-          [(d, v) for d, v in ex.items() if d != "seconds"] if "skipped" not in ex and "error" not in ex else [("-", ex)])
-    t = r.get("timed", {})
-    if "methods" in t:
-        lines.append(f"timed ({t['dtype']}, {t['prompts']} prompts x {t['max_new_tokens']} tokens, interleaved; "
-                     f"baseline {t['baseline']}; A/A {t['aa'] and t['aa']['ratio']})")
-        lines.append(f"  {'method':<14}{'tok/s':>9}{'MAT':>7}{'speedup':>9}{'identical':>11}")
-        for n, m in t["methods"].items():
-            lines.append(f"  {n:<14}{m['tok_per_s']:>9.1f}{(m['mat'] or 0):>7.2f}{m['speedup']:>8.2f}x"
-                         f"{'' if m['identical'] is None else format(m['identical'], '.0%'):>11}")
-        lines += [f"  warning: {w}" for w in t.get("warnings", [])]
-    else:
-        lines.append(f"timed: {t}")
-    lines.append("")
-    c = r.get("costs", {})
-    if "seconds_by_cache" in c:
-        lines.append(f"forward ms, {c['model']} ({c['dtype']}); q = query tokens")
-        for cache, s in c["seconds_by_cache"].items():
-            for kind in ("masked", "no_mask"):
-                cells = " ".join(f"{q}:{x * 1e3:.1f}" for q, x in zip(c["lengths"], s[kind]))
-                lines.append(f"  cache {cache:>5} {kind:<8} {cells}")
-        for way, s in c["masked_gqa_at_longest_cache"].items():
-            cells = " ".join(f"{q}:{x * 1e3:.1f}" for q, x in zip(c["lengths"], s))
-            lines.append(f"  masked GQA '{way}'{' (used)' if way == c['masked_gqa_way'] else ''}: {cells}")
-        p, pr = c["planner"], c["projection"]
-        lines.append(f"  planner picks {p['tree_nodes']} nodes (expects {p['expected_tokens']:.2f} tokens a step, "
-                     f"cost {p['cost_ratio']:.2f}x greedy's forward)")
-        extra = ", ".join(f"{k} {v:.2f}x" for k, v in pr.items() if k.endswith("measured_mat"))
-        lines.append(f"  PROJECTED speedup (not timed): {pr['planner_prior']:.2f}x from the planner's prior"
-                     f"{'; ' + extra if extra else ''}")
-    else:
-        lines.append(f"costs: {c}")
+    lines += decoder_lines("no weights: every decoder vs generate(do_sample=False), float32, random models",
+                           r.get("no_weights", {}))
+    lines += decoder_lines(f"exactness on {r['model'].get('name', r['model'].get('spec'))}", r.get("exactness", {}))
+    lines += timed_lines(r.get("timed", {})) + [""] + cost_lines(r.get("costs", {}))
     d = r.get("dtype_rule", {})
     lines.append(f"dtype rule for {d['parameters'] / 1e9:.2f}B parameters: {d['reason']}" if "reason" in d
                  else f"dtype rule: {d}")
-    b = r.get("batching", {})
-    if b and "by_batch" not in b:
-        lines.append(f"batching: {b}")
-    elif b:
-        cells = "  ".join(f"b={k}: {v['seconds'] * 1e3:.1f} ms ({v['per_token'] * 1e6:.0f} us/token)"
-                          if "seconds" in v else f"b={k}: {v}" for k, v in b["by_batch"].items())
-        lines.append(f"batching ({b['tree_tokens']}-token trees over {b['cache']} cached each): {cells}")
-        c = b.get("class")
-        if c:
-            lines.append(f"a class of {c['tabs']} (projection from these forwards): {c['steps_per_s_batched']:.1f} "
-                         f"steps/s with every tab's tree in one forward, {c['steps_per_s_one_at_a_time']:.1f} one "
-                         f"at a time ({c['gain']:.1f}x)")
-    for name, v in r.get("parts", {}).items():
-        lines.append(f"{name}: {v}")
+    lines += batching_lines(r.get("batching", {}))
+    lines += [f"{name}: {v}" for name, v in r.get("parts", {}).items()]
     return "\n".join(lines)
+
+
+def decoder_lines(title: str, section: dict) -> list[str]:
+    """A table of every decoder's exactness, one block per model (or dtype) of ``section``."""
+    lines = [title, f"  {'model':<31}{'dtype':<10}{'method':<13}{'identical':>10}{'near-ties':>10}{'bugs':>6}"
+                    f"{'MAT':>7}{'bound ulps (measured)':>24}"]
+    ran = "error" not in section and "skipped" not in section
+    for model, block in [(k, v) for k, v in section.items() if k != "seconds"] if ran else [("-", section)]:
+        if not isinstance(block, dict) or "methods" not in block:
+            lines.append(f"  {model:<31}{block}")
+            continue
+        rd = block["rounding"]
+        for name, m in block["methods"].items():
+            lines.append(f"  {model:<31}{rd['dtype']:<10}{name:<13}{m['identical']:>5}/{m['prompts']:<4}"
+                         f"{m['near_ties']:>10}{m['bugs']:>6}{m['mat']:>7.2f}"
+                         f"{rd['bound_ulps']:>10.1f} ({rd['max_margin_ulps']:.1f})")
+    return lines + [""]
+
+
+def timed_lines(t: dict) -> list[str]:
+    if "methods" not in t:
+        return [f"timed: {t}"]
+    lines = [f"timed ({t['dtype']}, {t['prompts']} prompts x {t['max_new_tokens']} tokens, interleaved; "
+             f"baseline {t['baseline']}; A/A {t['aa'] and t['aa']['ratio']})",
+             f"  {'method':<14}{'tok/s':>9}{'MAT':>7}{'speedup':>9}{'identical':>11}"]
+    for n, m in t["methods"].items():
+        lines.append(f"  {n:<14}{m['tok_per_s']:>9.1f}{(m['mat'] or 0):>7.2f}{m['speedup']:>8.2f}x"
+                     f"{'' if m['identical'] is None else format(m['identical'], '.0%'):>11}")
+    return lines + [f"  warning: {w}" for w in t.get("warnings", [])]
+
+
+def cost_lines(c: dict) -> list[str]:
+    if "seconds_by_cache" not in c:
+        return [f"costs: {c}"]
+    lines = [f"forward ms, {c['model']} ({c['dtype']}); q = query tokens"]
+    for cache, s in c["seconds_by_cache"].items():
+        for kind in ("masked", "no_mask"):
+            cells = " ".join(f"{q}:{x * 1e3:.1f}" for q, x in zip(c["lengths"], s[kind]))
+            lines.append(f"  cache {cache:>5} {kind:<8} {cells}")
+    for way, s in c["masked_gqa_at_longest_cache"].items():
+        cells = " ".join(f"{q}:{x * 1e3:.1f}" for q, x in zip(c["lengths"], s))
+        lines.append(f"  masked GQA '{way}'{' (used)' if way == c['masked_gqa_way'] else ''}: {cells}")
+    p, pr = c["planner"], c["projection"]
+    extra = ", ".join(f"{k} {v:.2f}x" for k, v in pr.items() if k.endswith("measured_mat"))
+    return lines + [f"  planner picks {p['tree_nodes']} nodes (expects {p['expected_tokens']:.2f} tokens a step, "
+                    f"cost {p['cost_ratio']:.2f}x greedy's forward)",
+                    f"  PROJECTED speedup (not timed): {pr['planner_prior']:.2f}x from the planner's prior"
+                    f"{'; ' + extra if extra else ''}"]
+
+
+def batching_lines(b: dict) -> list[str]:
+    if not b:
+        return []
+    if "by_batch" not in b:
+        return [f"batching: {b}"]
+    cells = "  ".join(f"b={k}: {v['seconds'] * 1e3:.1f} ms ({v['per_token'] * 1e6:.0f} us/token)"
+                      if "seconds" in v else f"b={k}: {v}" for k, v in b["by_batch"].items())
+    lines = [f"batching ({b['tree_tokens']}-token trees over {b['cache']} cached each): {cells}"]
+    c = b.get("class")
+    if c:
+        lines.append(f"a class of {c['tabs']} (projection from these forwards): {c['steps_per_s_batched']:.1f} "
+                     f"steps/s with every tab's tree in one forward, {c['steps_per_s_one_at_a_time']:.1f} one "
+                     f"at a time ({c['gain']:.1f}x)")
+    return lines
 
 
 def main(argv: list[str] | None = None, parts=None) -> int:
@@ -627,12 +674,14 @@ def main(argv: list[str] | None = None, parts=None) -> int:
     from .gpu_pieces import PiecesError
 
     try:
-        report = run_check(args.model, args.device, args.shapes, args.prompts, args.tokens,
-                           [d for d in args.dtypes.split(",") if d], args.repeats, args.out, args.no_weights,
-                           args.prompts_file, args.limit, args.timed_tokens, args.timed_dtype, args.random_prompts,
-                           args.random_tokens, not args.no_batching, parts,
-                           families=args.families.split(",") if args.families else None,
-                           timed_prompts=args.timed_prompts, argv=argv, skip=skip)
+        report = run_check(CheckOptions(
+            model=args.model, device=args.device, shapes=args.shapes, prompts=args.prompts, tokens=args.tokens,
+            dtypes=tuple(d for d in args.dtypes.split(",") if d), repeats=args.repeats, json_path=args.out,
+            no_weights=args.no_weights, prompts_file=args.prompts_file, limit=args.limit,
+            timed_tokens=args.timed_tokens, timed_dtype=args.timed_dtype, timed_prompts=args.timed_prompts,
+            random_prompts=args.random_prompts, random_tokens=args.random_tokens,
+            families=tuple(args.families.split(",")) if args.families else None, batching=not args.no_batching,
+            skip=skip, argv=argv), parts)
     except (PiecesError, DeviceError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
