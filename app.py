@@ -9,12 +9,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 import gradio as gr
 
 from components.compare import CompareSteps, compare_handler
-from components.handlers import Handlers, gpu_wrapped, ui_running
+from components.handlers import DRAWN, Handlers, gpu_wrapped, ui_running
 from components.memory import set_aside_long_lived
 from components.model_hub import ModelHub
 from components.recorded import Recorder, load_at_start_up
@@ -194,8 +195,10 @@ def settings_panel(hub: ModelHub, cap: int, default_tokens: int) -> dict:
 
 def compare_tab() -> dict:
     c: dict = {}
-    gr.Markdown("One prompt (the one in the step-by-step tab), each method run to the end on a fresh matrix: "
-                "greedy, TR with the auto tree, TR with the paper's 80-node tree, PTD and prompt lookup (PLD).")
+    gr.Markdown("One prompt (the one in the step-by-step tab), each method run to the end from scratch: greedy, "
+                "TR with the auto tree, TR with the paper's 80-node tree, PTD and prompt lookup (PLD). TR starts "
+                "here from an empty matrix (a cold start), where the step-by-step tab starts, by default, from a "
+                "warmed one.")
     with gr.Row():
         c["go"] = gr.Button("Run all five methods", variant="primary", elem_id="compare-run")
         c["cancel"] = gr.Button("Cancel", variant="stop", elem_id="compare-cancel", visible=False)
@@ -207,20 +210,60 @@ def compare_tab() -> dict:
     return c
 
 
+@dataclass(frozen=True)
+class Wiring:
+    """What the step view's events share: the handlers, the tab's session, the components, the panels a
+    step draws (``views``), the model's group (one event at a time), and what follows an event that
+    changes the run shown: ``prepare`` (the run file and the browser's copy of the tab) and ``follow``
+    (the boxes that follow a replay: method, example run, prompt, "Run its prompt live")."""
+    h: Handlers
+    files: RunFiles
+    session: gr.State
+    ui: dict
+    views: list
+    model: dict
+    prepare: dict
+    follow: dict
+
+    @classmethod
+    def of(cls, h: Handlers, session: gr.State, ui: dict) -> Wiring:
+        files = RunFiles(h)
+        views = [session] + [ui[k] for k in DRAWN]
+        # a step waiting for the model keeps the panels as they are; its place in the queue shows on the status line
+        model = dict(concurrency_id="model", concurrency_limit=1)
+        # the run file and the browser's copy, after a step; never while a step runs (the race's times stay its own)
+        prepare = dict(fn=files.prepare, inputs=session, outputs=[ui["save"], ui["kept"]], show_progress="hidden",
+                       **model)
+        follow = dict(fn=h.replay_controls, inputs=[session, ui["prompt"]], outputs=cls.replay_boxes(ui),
+                      show_progress="hidden", queue=False)  # they follow a replay, at once and quietly
+        return cls(h, files, session, ui, views, model, prepare, follow)
+
+    @staticmethod
+    def replay_boxes(ui: dict) -> list:
+        return [ui["method"], ui["example_run"], ui["prompt"], ui["live"]]
+
+
 def wire(demo: gr.Blocks, h: Handlers, session, ui: dict, cmp: dict, hub: ModelHub, cap: int,
          recorder: Recorder | None = None, batch_tabs: int = BATCH_TABS) -> None:
     """Events: steps in their own concurrency group, up to ``batch_tabs`` tabs at once, whose forwards the
     handlers' batcher shares (a tab alone steps as it would by itself); other model work (start-up,
-    Compare, Reset, matrix files) one at a time; the rest answers at once.
-    The stepping handlers take their inputs by name (``inputs_kwargs``), in the order of the API's
-    parameters: the prompt, the settings fields, Teach mode (and the tab's session, which the API hides)."""
-    gpu, files = gpu_wrapped(h), RunFiles(h)
-    settings_in = settings_inputs(ui)
-    views = [session] + [ui[k] for k in ("tree", "draft", "heatmap", "text", "counters", "charts", "phases",
-                                         "acceptance", "alt", "history", "status")]
-    step_in = {"prompt": ui["prompt"], **settings_in, "teach": ui["teach"], "sess": session}
-    # a step waiting for the model keeps the panels as they are; its place in the queue shows on the status line
-    model = dict(concurrency_id="model", concurrency_limit=1)
+    Compare, Reset, matrix files) one at a time; the rest answers at once."""
+    w = Wiring.of(h, session, ui)
+    wire_steps(w, batch_tabs)
+    wire_views(w)
+    wire_settings(h, session, ui, w.views, w.model)
+    wire_compare(h, ui, cmp, hub, cap, w.model, recorder)
+    wire_page(demo, w, hub, recorder)
+
+
+def wire_steps(w: Wiring, batch_tabs: int) -> None:
+    """Step, Enter, Phase ▶ and ◀, Run to end (and the API's ``do_step`` and ``do_run``), Stop, Play,
+    Reset.  The stepping handlers take their inputs by name (``inputs_kwargs``), in the order of the
+    API's parameters: the prompt, the settings fields, Teach mode (and the tab's session, which the API
+    hides)."""
+    h, ui, views, model, prepare, follow = w.h, w.ui, w.views, w.model, w.prepare, w.follow
+    gpu = gpu_wrapped(h)
+    step_in = {"prompt": ui["prompt"], **settings_inputs(ui), "teach": ui["teach"], "sess": w.session}
     # steps of different tabs run alongside: their forwards are shared (Handlers.batcher), a tab's own one at a time
     steps = model if batch_tabs <= 1 else dict(concurrency_id="steps", concurrency_limit=batch_tabs)
     # the queue's place and clock on the status line, without Gradio's animated logo: redrawn at every frame,
@@ -228,22 +271,17 @@ def wire(demo: gr.Blocks, h: Handlers, session, ui: dict, cmp: dict, hub: ModelH
     stepping = dict(steps, show_progress_on=[ui["status"]], show_progress="minimal")
     play = [ui["play_beat"], ui["play"]]
     buttons = [ui["step"], ui["play"], ui["run"], ui["stop"]]
-    # the run file and the browser's copy, after a step; never while a step runs (the race's times stay its own)
-    prepare = dict(fn=files.prepare, inputs=session, outputs=[ui["save"], ui["kept"]], show_progress="hidden",
-                   **model)
-    replay_boxes = [ui["method"], ui["example_run"], ui["prompt"], ui["live"]]
-    follow = dict(fn=h.replay_controls, inputs=[session, ui["prompt"]], outputs=replay_boxes,
-                  show_progress="hidden", queue=False)  # they follow a replay, at once and quietly
 
     for pressed in (ui["step"].click, ui["prompt"].submit, ui["run"].click, ui["play"].click):
         pressed(h.note_if_starting, None, None, show_progress="hidden")  # at once: not behind start-up
     ui["step"].click(gpu["step"], inputs_kwargs=step_in, outputs=views, api_name="do_step", **stepping).then(
         **prepare).then(**follow)
     ui["live"].click(gpu["run_live"], inputs_kwargs=step_in, outputs=views, **stepping).then(**prepare).then(
-        lambda sess: h.replay_controls(sess, live=True), session, replay_boxes, show_progress="hidden", queue=False)
+        lambda sess: h.replay_controls(sess, live=True), w.session, Wiring.replay_boxes(ui), show_progress="hidden",
+        queue=False)
     ui["prompt"].submit(gpu["step"], inputs_kwargs=step_in, outputs=views, **stepping).then(**prepare).then(**follow)
     ui["next"].click(gpu["next_frame"], inputs_kwargs=step_in, outputs=views, **stepping).then(**prepare)
-    ui["prev"].click(h.prev_frame, session, views)
+    ui["prev"].click(h.prev_frame, w.session, views)
     # Run to end: the first step, then one per tick of its timer; between two of a tab's steps, other
     # tabs' queued steps run (no tab waits for another's whole run).  do_run: the whole run in one call (API).
     ui["run"].click(lambda: ui_running(True), None, buttons).then(  # at once: the run has begun
@@ -253,34 +291,41 @@ def wire(demo: gr.Blocks, h: Handlers, session, ui: dict, cmp: dict, hub: ModelH
                           trigger_mode="always_last", js=SETTLE, **stepping).then(**prepare)
     gr.Button(visible=False).click(gpu["run"], inputs_kwargs=step_in, outputs=views, api_name="do_run",
                                    **(model if batch_tabs <= 1 else dict(concurrency_id="steps")))
-    ui["stop"].click(h.stop, session, buttons).then(**prepare)
+    ui["stop"].click(h.stop, w.session, buttons).then(**prepare)
     ui["play_beat"].change(gpu["tick"], inputs_kwargs=step_in, outputs=views + play, trigger_mode="always_last",
-                           js=PACED, **stepping).then(
-        **prepare).then(**follow)
-    ui["play"].click(h.toggle_play, [ui["play"], session], play).then(**prepare)
+                           js=PACED, **stepping).then(**prepare).then(**follow)
+    ui["play"].click(h.toggle_play, [ui["play"], w.session], play).then(**prepare)
     # Reset waits for the tab's step in flight (drawn before it); a step that waited across it draws Reset's page
-    ui["reset"].click(h.reset, session, views + buttons, **model).then(
-        **prepare).then(**follow)
+    ui["reset"].click(h.reset, w.session, views + buttons, **model).then(**prepare).then(**follow)
+
+
+def wire_views(w: Wiring) -> None:
+    """What changes the view, not the run: the history slider, Teach mode, a clicked node or token, an
+    example prompt; and what opens another run: a run file, an example run."""
+    h, ui, session, views = w.h, w.ui, w.session, w.views
     ui["history"].input(h.history, [ui["history"], session], views, trigger_mode="always_last")  # lands where released
     ui["teach"].change(h.teach_toggled, [ui["teach"], session], views)
     # the hidden fields are written by keyboard.js; Gradio's .input fires on typed keys only, .change on any value
     ui["node_pick"].change(h.pick_node, [ui["node_pick"], session], views)
     ui["token_pick"].change(h.pick_token, [ui["token_pick"], session], views)
     ui["example"].input(lambda p: p or gr.skip(), ui["example"], ui["prompt"])
-    ui["open"].upload(files.upload, [ui["open"], session], views).then(**prepare).then(  # a refused file: as it was
+    ui["open"].upload(w.files.upload, [ui["open"], session], views).then(**w.prepare).then(  # a refused file: as it was
         lambda sess, typed, said: h.replay_controls(sess, typed, opened_file=not str(said).startswith("⚠️")),
-        [session, ui["prompt"], ui["status"]], replay_boxes, show_progress="hidden", queue=False)
-    ui["example_run"].input(files.example, [ui["example_run"], session], views).then(**prepare).then(**follow)
-    wire_settings(h, session, ui, views, model)
-    wire_compare(h, ui, cmp, hub, cap, model, recorder)
+        [session, ui["prompt"], ui["status"]], Wiring.replay_boxes(ui), show_progress="hidden", queue=False)
+    ui["example_run"].input(w.files.example, [ui["example_run"], session], views).then(**w.prepare).then(**w.follow)
+
+
+def wire_page(demo: gr.Blocks, w: Wiring, hub: ModelHub, recorder: Recorder | None) -> None:
+    """A page's load (start-up, and the tab's kept prompt, settings and run) and its close."""
     if recorder is not None:  # ZeroGPU: the handlers stay in this process; their GPU work is one call each
-        warm = warm_or_say_handler(hub, curve_on_gpu=gpu_task(recorder.cost_curve), done=h)
+        warm = warm_or_say_handler(hub, curve_on_gpu=gpu_task(recorder.cost_curve), done=w.h)
     else:
-        warm = gpu_task(h.model_thread.wrap(warm_or_say_handler(hub, done=h)))
-    demo.load(warm, None, ui["status"], show_progress="minimal", **model)  # its bar, not Gradio's animated logo
+        warm = gpu_task(w.h.model_thread.wrap(warm_or_say_handler(hub, done=w.h)))
+    demo.load(warm, None, w.ui["status"], show_progress="minimal", **w.model)  # its bar, not Gradio's animated logo
     # a new page, or a reload: the tab's prompt, settings and run come back (not the status: warm-up's)
-    demo.load(files.restore, [ui["kept"], session], views[:-1] + [ui["prompt"], *settings_in.values()])
-    demo.unload(h.on_unload)
+    demo.load(w.files.restore, [w.ui["kept"], w.session],
+              w.views[:-1] + [w.ui["prompt"], *settings_inputs(w.ui).values()])
+    demo.unload(w.h.on_unload)
 
 
 def wire_settings(h: Handlers, session, ui: dict, views: list, model: dict) -> None:
@@ -290,7 +335,8 @@ def wire_settings(h: Handlers, session, ui: dict, views: list, model: dict) -> N
     for field in settings_in.values():  # a change that must start a new run says so (the run shown stays)
         field.input(h.settings_changed, inputs_kwargs={"sess": session, "prompt": ui["prompt"], **settings_in},
                     outputs=ui["status"])
-    tr_only = [s["tree"], s["k"], s["hot"], s["lookup"], ui["start"]]
+    tr_only = [s["tree"], s["k"], s["hot"], s["lookup"], ui["start"], s["reset_matrix"], s["save_matrix"],
+               s["load_matrix"]]  # PTD keeps no matrix
     ui["method"].change(lambda m: [gr.update(visible=METHODS.get(m) == "tr")] * len(tr_only) + [intro_for(m)],
                         ui["method"], tr_only + [ui["intro"]])
     s["reset_matrix"].click(h.reset_matrix, session, views, **model)

@@ -10,22 +10,27 @@ from .figures import Figure, bar, figure, scatter
 MAT_SAYS = "(mean accepted tokens, ★ included; greedy: {greedy:.2f})"
 MAT_WORDS = ("MAT (mean accepted tokens) is the method's own figure: tokens committed per forward pass, "
              "the accepted drafts and the model's own token (★) together; greedy's is 1. "
-             "The speedup is what this machine makes of it: MAT ÷ how much longer a step of the method "
-             "takes than a greedy step here (its forward carries the whole draft tree).")
+             "The speedup is what the machine that ran it makes of it: MAT ÷ how much longer a step of the "
+             "method takes than a greedy step there (its forward carries the whole draft tree).")
 
 
-def cost_words(fig: dict, cpu: bool) -> str:
-    """The speedup taken apart: MAT ÷ a step's cost in greedy steps, measured here; on a CPU, what the
-    same MAT would give where extra tokens are nearly free (a projection, labelled so)."""
+def cost_words(fig: dict, cpu: bool, where: str = "this machine") -> str:
+    """The speedup taken apart: MAT ÷ a step's cost in greedy steps, measured on ``where`` (a replay:
+    the machine that recorded it); before any draft is accepted, what a figure above 1× then is; on a
+    CPU, what the same MAT would give where extra tokens are nearly free (a projection, labelled so)."""
     tr, g = fig["tr"], fig["greedy"]
     if not (tr["forwards"] and g["forwards"] and tr.get("seconds") and g.get("seconds")):
         return ""
     cost = (tr["seconds"] / tr["forwards"]) / (g["seconds"] / g["forwards"])
-    words = (f"{fig['speedup']:.2f}× = MAT {tr['mat']:.2f} ÷ {cost:.2f}: on this machine a step of the method "
+    words = (f"{fig['speedup']:.2f}× = MAT {tr['mat']:.2f} ÷ {cost:.2f}: on {where} a step of the method "
              f"took {cost:.2f}× as long as a greedy step.")
+    if tr["tokens"] <= tr["forwards"] and fig["speedup"] > 1:
+        words += (" No draft has been accepted yet, so the method has done at least a greedy step's work for "
+                  "every token: a figure above 1× here is how step times vary from one step to the next, not a "
+                  "gain.")
     if cpu:
-        words += (f" Projection, not a measurement: where extra draft tokens cost almost nothing (a GPU), the "
-                  f"same MAT would give close to {tr['mat']:.1f}×.")
+        words += (f" Where extra draft tokens cost almost nothing (a GPU), the same MAT would give close to "
+                  f"{tr['mat']:.1f}× (a projection, not a measurement).")
     return words
 
 
@@ -42,10 +47,11 @@ def alongside_words(fig: dict) -> str:
 
 
 def counters_html(fig: dict | None, method_label: str = "Token Recycling", sampled: bool = False,
-                  extra: str = "", start: str = "", pending: str = "", cpu: bool = True, step_line: str = "") -> str:
+                  extra: str = "", start: str = "", pending: str = "", cpu: bool = True, step_line: str = "",
+                  where: str = "this machine") -> str:
     """``extra``: one more sentence under the verdict (e.g. why two precisions part); ``start``: where
     the matrix of the run came from (hot or cold start), in words; ``pending``: a step shown but not
-    counted yet (Teach mode before its verdict)."""
+    counted yet (Teach mode before its verdict); ``where``: the machine the run's times are from."""
     later = f"<div class='not-counted'>Not counted yet: {html.escape(pending)}.</div>" if pending else ""
     if not fig:
         return (f'<div class="counters-empty">{"Counters appear after the first step." if not pending else ""}'
@@ -72,9 +78,10 @@ def counters_html(fig: dict | None, method_label: str = "Token Recycling", sampl
         + row("tokens", tr["tokens"], g["tokens"])
         + row("forward passes", tr["forwards"], g["forwards"])
         + row("tokens / s", f"{tr['tok_per_s']:.1f}", f"{g['tok_per_s']:.1f}")
-        + f"<tr class='speedup'><th>speedup here</th><td colspan=2><b>{fig['speedup']:.2f}×</b></td></tr></table>"
+        + f"<tr class='speedup'><th>speedup {'here' if where == 'this machine' else 'recorded'}</th>"
+        + f"<td colspan=2><b>{fig['speedup']:.2f}×</b></td></tr></table>"
         + f"<div class='same'>{same}</div>" + later
-        + (f"<div class='cost'>{html.escape(cost_words(fig, cpu))}</div>" if cost_words(fig, cpu) else "")
+        + (f"<div class='cost'>{html.escape(cost_words(fig, cpu, where))}</div>" if cost_words(fig, cpu) else "")
         + (f"<div class='alongside'>{html.escape(alongside_words(fig))}</div>" if alongside_words(fig) else "")
         + (f"<div class='step-cost'>{html.escape(step_line)}</div>" if step_line else "")
         + f"<div class='mat-words'>{MAT_WORDS}</div>"
@@ -102,9 +109,18 @@ def charts_figure(accepted_lengths: list[int], speedups: list[float], max_len: i
         yaxis=dict(anchor="x", domain=[0.0, 1.0], title=axis_title("steps"), rangemode="tozero",
                    **whole(max(counts, default=1))),
         xaxis2=dict(anchor="y2", domain=right, title=axis_title("step"), **whole(max(len(speedups), 1))),
-        yaxis2=dict(anchor="x2", domain=[0.0, 1.0], title=axis_title("speedup over greedy (×)")),
+        yaxis2=dict(anchor="x2", domain=[0.0, 1.0], title=axis_title("speedup over greedy (×)"),
+                    range=speedup_range(speedups)),
         annotations=[dict(text=text, x=sum(span) / 2, y=1.0, xref="paper", yref="paper", xanchor="center",
                           yanchor="bottom", showarrow=False, font=dict(size=12), yshift=10)  # clear of the plot's top
                      for text, span in (("tokens committed per step", left), ("speedup over steps", right))],
         shapes=[dict(type="line", xref="x2 domain", x0=0, x1=1, yref="y2", y0=1.0, y1=1.0,
                      line=dict(color="#999", dash="dot", width=1))]))
+
+
+def speedup_range(speedups: list[float]) -> list[float]:
+    """The speedup axis: every point and the 1× line inside it, with room above and below (a line
+    drawn without markers would otherwise touch the plot's edge at its highest and lowest points)."""
+    lo, hi = min([*speedups, 1.0]), max([*speedups, 1.0])
+    pad = max((hi - lo) * 0.08, 0.05)
+    return [max(lo - pad, 0.0), hi + pad]

@@ -34,6 +34,7 @@ IDLE_SECONDS = 300  # a tab idle this long gives its KV caches back (rebuilt whe
 LONG_PROMPT = 2000  # characters: a prompt this long says that its first step reads it first
 RESET_WAIT = 30.0  # Reset waits at most this long for the tab's step in flight to end
 TOAST_S = 4  # seconds a warning's pop-up stays; warnings never pile up over the controls
+DRAWN = (*PANELS, "history", "status")  # what a drawing handler gives after the tab's session, in this order
 
 
 def error_text(err: BaseException, header: dict | None = None) -> str:
@@ -183,13 +184,13 @@ class Handlers:
 
     # ---- drawing ----------------------------------------------------------------------------
     def render(self, sess: Session, message: str = "", slider_value: bool = True) -> tuple:
-        """(session, *panels, history slider, status): status last, as the API has always had it.
+        """(session, *panels, history slider, status): ``DRAWN`` after the session; status last, as in the API.
         ``slider_value`` False: the slider keeps the value it has in the page (its own move drew this:
         a value sent back would pull a slider still moving back to where it was)."""
         if sess.flight.resetting:  # Reset's own draw is the page (this one could reach the page after it)
-            return (sess, *(gr.skip(),) * (len(PANELS) + 2))
+            return (sess, *(gr.skip(),) * len(DRAWN))
         if sess.flight.drawn_later():  # the panels come with that event's draw (this one could reach the page last)
-            return (sess, *(gr.skip(),) * len(PANELS), gr.skip(), message or sess.message)
+            return (sess, *(gr.skip(),) * (len(DRAWN) - 1), message or sess.status_line())
         view, c = sess.view(), sess.cursor
         count = len(view.steps) if view else 0
         shown = view.clamp(c.shown) if view else 0
@@ -197,7 +198,7 @@ class Handlers:
         slider = gr.Slider(minimum=1, maximum=max(count, 2), step=1, interactive=count > 1,
                            label=f"History: step {shown} of {count}" if count else "History (steps appear here)",
                            **value)
-        return (sess, *draw_panels(view, shown, c.frame, c.picked), slider, message or sess.message)
+        return (sess, *draw_panels(view, shown, c.frame, c.picked), slider, message or sess.status_line())
 
     def failed(self, sess: Session, err: Exception) -> tuple:
         """Every failure becomes words in the page (and a toast); an unexpected one resets the session."""
@@ -514,7 +515,7 @@ class Handlers:
         except (TypeError, ValueError):
             return gr.skip()
         if (prompt, new) == began:
-            return sess.message or ""
+            return sess.status_line()
         what = "the cold start (an empty matrix)" if new.start == COLD != began[1].start else "the new settings"
         return f"Settings changed: the next Step starts a new run from step 1, with {what}. The run shown stays until then."
 

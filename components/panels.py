@@ -44,11 +44,19 @@ def draw_panels(view: RunView | None, n: int | None = None, frame: int = 0, pick
                           start=view.header.get("matrix_start", ""),
                           pending=f"step {n} is counted at phase 3, accept" if done < n else "",
                           cpu=str(view.header.get("device", "cpu")).startswith("cpu"),
-                          step_line=step_cost_line(view, done)),
+                          step_line=step_cost_line(view, done), where=timed_on(view)),
             charts_figure([len(s.committed) for s in view.steps[:done]], view.speedups(done), max_len=view.lookahead),
             phase_html(step, text_of, frame),
             acceptance_figure(view.steps, done),
             text_alternative(view, n, frame))
+
+
+def timed_on(view: RunView) -> str:
+    """The machine a run's times are from, in words: this one, or (a replay) the one that recorded it."""
+    if not view.replayed:
+        return "this machine"
+    machine = str(view.header.get("machine") or "")[:100]
+    return f"the machine that recorded this run, {machine}," if machine else "the machine that recorded this run"
 
 
 def step_cost_line(view: RunView, n: int) -> str:
@@ -59,7 +67,8 @@ def step_cost_line(view: RunView, n: int) -> str:
     read, greedy_read = step.timings.get("reading", 0.0), b.get("reading", 0.0)
     ratio = (step.seconds - read) / ((b["seconds"] - greedy_read) / b["forwards"])
     words = (f"This step: one forward of {step.forward_tokens} token{'s' * (step.forward_tokens != 1)} took "
-             f"{ratio:.2f}× a greedy step's time here, and committed {len(step.committed)}.")
+             f"{ratio:.2f}× a greedy step's time {'there' if view.replayed else 'here'}, and committed "
+             f"{len(step.committed)}.")
     if read:  # the first step: the prompt read before it, and the counters count it, as the benchmark does
         words += (f" Before it, the prompt was read for both sides in one forward (charged {read:.2f} s; greedy "
                   f"{greedy_read:.2f} s); the counters include that.")

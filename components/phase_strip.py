@@ -45,6 +45,18 @@ def _with_frame(body: str, frame: int, step: Step | None) -> str:
     return f'<div class="phases-wrap" role="region" aria-label="What this step did">{body}</div>'
 
 
+def planned_nothing(step: Step) -> bool:
+    """Whether TR's planner drafted nothing this step: no node at all, none of them left out as blank
+    (a fixed tree drafts its whole shape, or leaves places out where rows were never written)."""
+    return step.method == "tr" and step.tree.size == 0 and not _blank_count(step)
+
+
+NOTHING_PLANNED = ("nothing was drafted this step: the auto tree's planner weighs how often drafts have hit "
+                   "against what each extra token costs in the forward pass, and judged no draft worth it (it "
+                   "plans again at every step; Settings → Draft tree: a preset such as paper-80 drafts its whole "
+                   "shape every step)")
+
+
 def _blank_count(step: Step) -> int:
     """Drafts that came, or would have come, from rows never written: left out of the forward
     (``Step.blank_drafts``), or, in run files from before that, drafted as ∅."""
@@ -78,11 +90,14 @@ def _phase_body(step: Step | None, token_text, frame: int = 0) -> str:
     paired = sum(1 for src in t.sources if src == "pair")
     extra = (f" A further {looked} came from repeating what followed the same words earlier in the text "
              f"(prompt lookup)." if looked else "")
+    retrieve = (f"From the last token <b>{root}</b>, {NOTHING_PLANNED} ({ms.get('retrieve', 0):.1f} ms)."
+                if planned_nothing(step) else
+                f"From the last token <b>{root}</b>, {from_matrix} draft token{'s' * (from_matrix != 1)} "
+                f"{'were' if from_matrix != 1 else 'was'} read out of the matrix"
+                f"{f' ({paired} via pair rows)' if paired else ''}, "
+                f"branch by branch{_blank(step)} ({ms.get('retrieve', 0):.1f} ms).{extra}")
     cells = [
-        ("retrieve", f"From the last token <b>{root}</b>, {from_matrix} draft token{'s' * (from_matrix != 1)} "
-                     f"{'were' if from_matrix != 1 else 'was'} read out of the matrix"
-                     f"{f' ({paired} via pair rows)' if paired else ''}, "
-                     f"branch by branch{_blank(step)} ({ms.get('retrieve', 0):.1f} ms).{extra}"),
+        ("retrieve", retrieve),
         ("verify", (f"One forward pass of {step.forward_tokens} tokens checked every branch at once, each token "
                     f"seeing only its ancestors ({ms.get('forward', 0):.0f} ms)." if step.forward_tokens > 1 else
                     f"One forward pass of the last token alone: nothing was drafted to check "

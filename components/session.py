@@ -32,6 +32,7 @@ MAX_PROMPT_CHARS = 20_000
 SHIPPED_MATRIX = Path(__file__).resolve().parent.parent / "assets" / "matrix" / "embedded.safetensors"
 COLD = "cold"  # Settings.start: an empty matrix at the first step (the contrast to the hot start)
 DONE = "Done: end of text or token budget reached."
+TEACH_BEFORE_VERDICT = "Step {n}: Phase ▶ shows what its forward pass verifies, then what it accepts."
 METHODS = {"Token Recycling (TR)": "tr", "Progressive Tree Drafting (PTD)": "ptd"}
 # Where the planner finds PTD's draft nodes do not pay (a CPU), the page still carries this many, so
 # that its draft tree can be watched growing; the benchmark's ``ptd`` lets the planner drop them.
@@ -438,6 +439,7 @@ class Session:
     flight: InFlight = field(default_factory=InFlight)
     message: str = ""  # the status line
     notice: str = ""  # said once with the next status message
+    verdict: tuple[int, str] | None = None  # (step, words): the status line ends with that step's verdict
     run_folder: str | None = None  # where its run file is written for download
     closed: bool = False  # freed when its tab closed or its state expired
     batcher: Batcher | None = field(default=None, repr=False)  # the server's: forwards shared with other tabs
@@ -515,12 +517,25 @@ class Session:
             race.release_caches()  # a finished race never steps again: its KV caches go at once
         if race is self.live.race:
             self.cursor.show(None)
-            self.say(DONE if race.done else stepped(race.decoder.steps[-1], len(race.decoder.steps)))
+            n = len(race.decoder.steps)
+            self.verdict = (n, DONE if race.done else stepped(race.decoder.steps[-1], n))
+            self.say(self.verdict[1])
         return race
 
     def say(self, words: str) -> None:
         """The status line: the notice kept for it, then ``words``."""
         self.message, self.notice = self.notice + words, ""
+
+    def status_line(self) -> str:
+        """The status line as the page shows it: in Teach mode's first two phases (retrieve, verify) of
+        the step whose verdict ends it, the verdict is kept back; the panels tell it at phase 3, accept."""
+        view, c = self.view(), self.cursor
+        if self.verdict is None or c.frame not in (1, 2) or view is None:
+            return self.message
+        n, words = self.verdict
+        if view.clamp(c.shown) != n or not self.message.endswith(words):
+            return self.message
+        return self.message[:len(self.message) - len(words)] + TEACH_BEFORE_VERDICT.format(n=n)
 
     # ---- ZeroGPU: a run recorded in one GPU call, stepped through here ------------------------
     def reveal(self, record, prompt: str, s: Settings, cap: int) -> Run:

@@ -1,9 +1,9 @@
 """Start-up: load the model and get its forward-cost curve, with true progress, the curve cached on disk.
 
 The curve (seconds of one forward by query length, which the auto tree plans with) takes tens of
-seconds to measure on a CPU; it is kept in ``~/.cache/token-recycling`` (or ``$XDG_CACHE_HOME``), one
-file per model, vocabulary, device, dtype and torch version, so later starts skip it.  The folder is
-the operator's; nothing a visitor types reaches it.
+seconds to measure on a CPU; it is kept in ``cost-curves/`` of the project's cache (``TR_CACHE``, else
+``~/.cache/token_recycling``), one file per model, vocabulary, device, dtype and torch version, so later
+starts skip it.  The folder is the operator's; nothing a visitor types reaches it.
 """
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 
 from tr_core.devices import describe_machine, precision_words
+from tr_core.gguf_cache import cache_root
 from tr_core.cost import COST_LENGTHS, time_forwards
 from tr_core.planner import CostCurve, cost_curve_for
 
@@ -32,7 +33,7 @@ CURVE_FORMAT = 3  # 2: the cache part (per_cache, prefix) is kept too; 3: and th
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "token-recycling"
+    return cache_root() / "cost-curves"
 
 
 def curve_path(lm) -> Path:

@@ -4,6 +4,7 @@ from __future__ import annotations
 from tr_core.trace import Step
 
 from .figures import Figure, figure, scatter
+from .phase_strip import planned_nothing
 from .tokens import visible
 from .tree_labels import Frame, Mark, frame_for, place_labels
 
@@ -116,6 +117,8 @@ def tree_legend(step: Step | None, frame: int) -> str:
         return legend
     if "empty" in (step.tree.sources or []):
         return legend + EMPTY_LEGEND
+    if planned_nothing(step):
+        return legend + "<br>Nothing drafted: the planner judged no draft<br>worth its forward time (see 1. retrieve)"
     if not step.blank_under:
         return legend
     n = step.blank_drafts

@@ -11,6 +11,7 @@ from components.handlers import Handlers
 from components.model_hub import ModelHub
 from components.run_files import EXAMPLE_DIR, example_runs, open_run_bytes, run_file_for
 from components.session import Session, UserError
+from tr_core.devices import describe_machine
 from tr_core.runs import RunFileError, read_run, record_run
 
 from .conftest import is_skip
@@ -32,6 +33,7 @@ def test_run_file_round_trip_replays_every_panel_without_a_model(hub, tmp_path):
     assert doc["format"] == "token-recycling-run" and doc["version"] == 1
     h = doc["header"]
     assert h["prompt"] == PROMPT and h["dtype"] == "float32" and h["device"] == "cpu" and h["settings"]["tree"]
+    assert h["machine"] == describe_machine(torch.device("cpu"))
     assert len(doc["steps"]) == 3 and doc["outputs"]["baseline"]
     replay = Session()
     assert "3 steps" in open_run_bytes(replay, open(path, "rb").read(), "run.json")
@@ -39,7 +41,11 @@ def test_run_file_round_trip_replays_every_panel_without_a_model(hub, tmp_path):
     replay.cursor.shown = 3
     again = replay.views()
     assert again[3] == live[3]  # the text, token for token, from the file's token texts alone
-    assert again[4] == live[4]  # the counters, from the file's step and greedy records
+    # the counters, from the file's step and greedy records: the same figures, said of the recording machine
+    there = f"the machine that recorded this run, {h['machine']},"
+    assert again[4] == live[4].replace("this machine", there).replace("speedup here", "speedup recorded") \
+        .replace("time here", "time there")
+    assert there in again[4]
     assert again[0].layout.title.text == live[0].layout.title.text
 
 
@@ -50,6 +56,8 @@ def test_run_file_round_trip_replays_every_panel_without_a_model(hub, tmp_path):
     (b'{"format": "token-recycling-run", "version": 1, "header": {}, "steps": [{"index": 1}], '
      b'"baseline": [], "outputs": {}, "tokens": {}}', "damaged"),
     (b" " * (33 * 1024 * 1024), "at most"),
+    (b'{"format": "token-recycling-run", "version": 1, "header": {"machine": ["<b>"]}, "steps": [], '
+     b'"baseline": [], "outputs": {}, "tokens": {}}', "damaged"),
 ])
 def test_bad_run_files_are_refused_in_words(data, words):
     with pytest.raises(RunFileError, match=words):
@@ -288,10 +296,10 @@ def test_cost_curve_cached_on_disk(embedded_lm, tmp_path, monkeypatch):
     from components.startup import curve_path, read_cached_curve, save_curve
     from tr_core.planner import CostCurve
 
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setenv("TR_CACHE", str(tmp_path))
     lm = dataclasses.replace(embedded_lm, cost_curve=CostCurve([1, 2, 4], [0.01, 0.012, 0.011]))
     save_curve(lm)
-    assert curve_path(lm).parent == tmp_path / "token-recycling" and curve_path(lm).is_file()
+    assert curve_path(lm).parent == tmp_path / "cost-curves" and curve_path(lm).is_file()
     fresh = dataclasses.replace(embedded_lm, cost_curve=None)
     assert read_cached_curve(fresh).seconds == [0.01, 0.012, 0.011]
     other = dataclasses.replace(embedded_lm, cost_curve=None, dtype=__import__("torch").bfloat16)
@@ -372,7 +380,7 @@ def test_start_up_times_nothing_again_for_a_curve_timed_in_this_process(tiny_lm,
 
     from .conftest import make_tiny_model, make_tiny_tokenizer
 
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setenv("TR_CACHE", str(tmp_path))
     monkeypatch.setattr(startup, "_WARM", weakref.WeakSet())  # no model of the session counts as warm here
     monkeypatch.setattr(startup, "set_aside_long_lived", lambda: 0)  # the session's objects stay collectable
     timed, fails = [], []

@@ -21,8 +21,30 @@ def test_the_counters_lead_with_mat_and_take_the_speedup_apart():
     html = counters_html(fig, cpu=True)
     assert html.index("MAT <b>2.50</b>") < html.index("speedup here")  # MAT leads
     # a step of the method took (2.0 / 12) / (2.5 / 30) = 2.00 greedy steps: 2.5 / 2.00 = 1.25
-    assert "1.25× = MAT 2.50 ÷ 2.00" in html and "Projection, not a measurement" in html and "2.5×" in html
-    assert "Projection" not in counters_html(fig, cpu=False)  # on a GPU the speedup is measured, not projected
+    assert "1.25× = MAT 2.50 ÷ 2.00" in html and "a projection, not a measurement" in html and "2.5×" in html
+    assert "projection" not in counters_html(fig, cpu=False)  # on a GPU the speedup is measured, not projected
+    assert "not a gain" not in html  # drafts were accepted: the speedup is the method's
+
+
+def test_before_any_draft_is_accepted_a_speedup_above_one_is_said_to_be_the_timings_variation():
+    """Same work on both sides (MAT 1.00): a figure above 1× is step times varying, and the page says so;
+    below 1× it is the drafts' cost, which the usual words already say."""
+    fig = {"tr": {"tokens": 3, "forwards": 3, "mat": 1.0, "tok_per_s": 2.3, "seconds": 1.3},
+           "greedy": {"tokens": 3, "forwards": 3, "mat": 1.0, "tok_per_s": 1.8, "seconds": 1.67},
+           "speedup": 1.26, "identical": True, "compared": 3}
+    assert "No draft has been accepted yet" in counters_html(fig) and "not a gain" in counters_html(fig)
+    slower = {**fig, "tr": {**fig["tr"], "tok_per_s": 1.5, "seconds": 2.0}, "speedup": 0.83}
+    assert "No draft has been accepted yet" not in counters_html(slower)
+
+
+def test_a_replays_figures_are_said_to_be_the_recording_machines():
+    fig = {"tr": {"tokens": 30, "forwards": 12, "mat": 2.5, "tok_per_s": 15.0, "seconds": 2.0},
+           "greedy": {"tokens": 30, "forwards": 30, "mat": 1.0, "tok_per_s": 12.0, "seconds": 2.5},
+           "speedup": 1.25, "identical": True, "compared": 30}
+    there = counters_html(fig, where="the machine that recorded this run, Some CPU,")
+    assert "on the machine that recorded this run, Some CPU, a step of the method took 2.00×" in there
+    assert "speedup recorded" in there and "speedup here" not in there and "on this machine" not in there
+    assert "speedup here" in counters_html(fig)
 
 
 def test_a_failed_model_switch_keeps_the_run_shown(hub):
@@ -73,3 +95,21 @@ def test_compare_runs_in_slices_to_the_end_and_cancels(hub):
     assert "Cancelled after" in steps.tick(run)[2]  # a slice in flight when Cancel came ends there
     refused = steps.begin("", "embedded", 12)
     assert refused[0] is None and "empty" in refused[2]
+
+
+def test_teach_mode_keeps_a_steps_verdict_off_the_status_line_until_accept(hub):
+    """Retrieve and verify come before the verdict: the status line says what comes, not what was
+    committed; from accept on it says it, as outside Teach mode."""
+    h = Handlers(hub, 256)
+    sess = Session()
+    out = h.step(None, sess, PROMPT, teach=True, **PAGE)
+    assert sess.cursor.frame == 1
+    assert out[-1] == "Step 1: Phase ▶ shows what its forward pass verifies, then what it accepts."
+    out = h.next_frame(None, sess, PROMPT, teach=True, **PAGE)
+    assert sess.cursor.frame == 2 and "committed" not in out[-1]
+    out = h.next_frame(None, sess, PROMPT, teach=True, **PAGE)
+    assert sess.cursor.frame == 3 and out[-1].startswith("Step 1 done:") and "committed" in out[-1]
+    out = h.prev_frame(sess)
+    assert sess.cursor.frame == 2 and "committed" not in out[-1]
+    out = h.step(None, sess, PROMPT, teach=False, **PAGE)
+    assert sess.cursor.frame == 0 and out[-1].startswith("Step 2 done:")

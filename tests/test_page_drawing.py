@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import re
 
-from components.counters import counters_html
+from components.counters import charts_figure, counters_html
 from components.heatmap import ROW_PX, heatmap_figure, legend
+from components.phase_strip import phase_html
 from components.text_view import output_html
 from components.tokens import blank_like, token_html, visible
 from components.tree_labels import WIDTHS, Box, Frame, Mark, label_box, overlap, place_labels
-from components.tree_plot import LEGEND, tree_figure
+from components.tree_plot import LEGEND, tree_figure, tree_legend
 from tr_core.trace import DraftTree, RowUpdate, Step
 
 TEXTS = {1: "_", 2: " ", 3: "\n", 4: "  ", 5: "cat", 6: " dog", 7: "\t", 8: "__", 9: "\xa0"}
@@ -134,3 +135,22 @@ def test_every_figure_drawn_is_what_plotly_validation_makes_of_it():
                         assert validated == drawn, (n, frame, drawn["layout"].get("title"))
                         checked += 1
     assert checked > 150
+
+
+def test_a_step_the_planner_drafted_nothing_for_says_why():
+    """No draft and no place left out: the auto tree's planner chose none, and the retrieve phase and the
+    tree's legend say so; a tree with drafts, or with places left out, says what it did instead."""
+    bare = Step(4, "tr", DraftTree([5], [-1], [0], [0], ["root"]), [0], [6], [6], [], 1, 30, {})
+    assert "judged no draft worth it" in phase_html(bare, text_of) and "Nothing drafted" in tree_legend(bare, 0)
+    assert "0 draft tokens were read" not in phase_html(bare, text_of)
+    for other in (a_step(), a_step(blank_under=[0])):
+        assert "judged no draft" not in phase_html(other, text_of)
+        assert "Nothing drafted" not in tree_legend(other, 0)
+    left_out = Step(4, "tr", DraftTree([5], [-1], [0], [0], ["root"]), [0], [6], [6], [], 1, 30, {}, blank_drafts=3)
+    assert "left out" in phase_html(left_out, text_of) and "judged no draft" not in phase_html(left_out, text_of)
+
+
+def test_the_speedup_chart_holds_every_point_and_the_one_times_line_clear_of_its_edges():
+    for speedups in ([0.81, 0.92, 0.84, 0.87, 1.05], [1.4, 1.6, 2.2], [0.5], []):
+        low, high = charts_figure([1, 2], speedups).layout.yaxis2.range
+        assert low < min([*speedups, 1.0]) and high > max([*speedups, 1.0]) and low >= 0

@@ -74,7 +74,7 @@ def test_the_app_under_a_forking_zerogpu_loads_once_and_steps_runs_and_compares(
 
     spaces = module()
     monkeypatch.setitem(sys.modules, "spaces", spaces)
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # no cached curve: warm-up measures one
+    monkeypatch.setenv("TR_CACHE", str(tmp_path))  # no cached curve: warm-up measures one
     measure = CostCurve.measure.__func__
     monkeypatch.setattr(CostCurve, "measure", classmethod(lambda cls, lm: measure(cls, lm, (1, 2, 4, 8, 16), repeats=1)))
     loads = tmp_path / "loads.txt"

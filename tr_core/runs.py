@@ -7,7 +7,8 @@ on read: ``read_run`` refuses anything that is not a run of this format with a `
 Layout (``FORMAT`` = "token-recycling-run", ``VERSION`` = 1)::
 
     {"format", "version",
-     "header": {"model", "dtype", "device", "template", "method", "settings": {...}, "prompt", "prompt_ids"},
+     "header": {"model", "dtype", "device", "machine", "template", "method", "settings": {...}, "prompt",
+                "prompt_ids"},  # machine: the CPU's model or the GPU's name (files without it still read)
      "steps": [Step.to_dict(), ...],
      "baseline": [{"tokens", "forwards", "seconds", "reading", "alongside"} after each step],  # greedy's progress in the race
                                   # (seconds: its steps', reading the prompt included, which was "reading" of them)
@@ -19,6 +20,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
+from .devices import describe_machine
 from .precision import BUG, NEAR_TIE, Divergence
 from .race import Race
 from .trace import DraftTree, RowUpdate, Step
@@ -103,7 +105,8 @@ def read_run(data: bytes | str) -> Run:
 def _run_from_doc(doc: dict) -> Run:
     header = doc["header"]
     _need(isinstance(header, dict) and isinstance(header.get("prompt", ""), str), "header")
-    _need(all(isinstance(header.get(k, ""), str) for k in ("model", "dtype", "device", "template", "method"))
+    _need(all(isinstance(header.get(k, ""), str)
+              for k in ("model", "dtype", "device", "machine", "template", "method"))
           and isinstance(header.get("settings", {}), dict), "header fields")
     if header.get("divergence") is not None:
         header["divergence"] = _divergence(header["divergence"])
@@ -177,8 +180,8 @@ def _need(ok, what: str) -> None:
 def run_header(lm, method: str, settings: dict, prompt: str, prompt_ids: list[int]) -> dict:
     """What a run file says about where it was recorded (see the module doc)."""
     return {"model": lm.name, "dtype": str(lm.dtype).replace("torch.", ""), "device": str(lm.device),
-            "template": lm.template, "attention": lm.layout.describe(), "method": method, "settings": settings,
-            "prompt": prompt, "prompt_ids": list(prompt_ids)}
+            "machine": describe_machine(lm.device), "template": lm.template, "attention": lm.layout.describe(),
+            "method": method, "settings": settings, "prompt": prompt, "prompt_ids": list(prompt_ids)}
 
 
 def special_ids(lm) -> set[int]:
