@@ -14,15 +14,16 @@ MAT_WORDS = ("MAT (mean accepted tokens) is the method's own figure: tokens comm
              "method takes than a greedy step there (its forward carries the whole draft tree).")
 
 
-def cost_words(fig: dict, cpu: bool, where: str = "this machine") -> str:
-    """The speedup taken apart: MAT ÷ a step's cost in greedy steps, measured on ``where`` (a replay:
-    the machine that recorded it); before any draft is accepted, what a figure above 1× then is; on a
-    CPU, what the same MAT would give where extra tokens are nearly free (a projection, labelled so)."""
+def cost_words(fig: dict, cpu: bool, recorded_on: str | None = None) -> str:
+    """The speedup taken apart: MAT ÷ a step's cost in greedy steps, measured on this machine or on
+    ``recorded_on`` (a replay's, in words); before any draft is accepted, what a figure above 1× then
+    is; on a CPU, what the same MAT would give where extra tokens are nearly free (a projection)."""
     tr, g = fig["tr"], fig["greedy"]
     if not (tr["forwards"] and g["forwards"] and tr.get("seconds") and g.get("seconds")):
         return ""
     cost = (tr["seconds"] / tr["forwards"]) / (g["seconds"] / g["forwards"])
-    words = (f"{fig['speedup']:.2f}× = MAT {tr['mat']:.2f} ÷ {cost:.2f}: on {where} a step of the method "
+    words = (f"{fig['speedup']:.2f}× = MAT {tr['mat']:.2f} ÷ {cost:.2f}: on {recorded_on or 'this machine'} a "
+             f"step of the method "
              f"took {cost:.2f}× as long as a greedy step.")
     if tr["tokens"] <= tr["forwards"] and fig["speedup"] > 1:
         words += (" No draft has been accepted yet, so the method has done at least a greedy step's work for "
@@ -34,24 +35,26 @@ def cost_words(fig: dict, cpu: bool, where: str = "this machine") -> str:
     return words
 
 
-def alongside_words(fig: dict) -> str:
+def alongside_words(fig: dict, recorded_on: str | None = None) -> str:
     """Where the tab's forwards ran together with other tabs' steps (a class on one server): what the
     speedup then means.  "" for a tab that had the model to itself."""
     tr, g = fig["tr"], fig["greedy"]
     if not (tr.get("alongside") or g.get("alongside")):
         return ""
-    return (f"A class on this server: {tr['alongside']} of the method's {tr['forwards']} forward passes and "
+    server, there = ("this server", "here") if recorded_on is None else ("the server that recorded it", "there")
+    return (f"A class on {server}: {tr['alongside']} of the method's {tr['forwards']} forward passes and "
             f"{g['alongside']} of the baseline's {g['forwards']} ran together with other tabs' steps. Each is "
-            "charged that whole forward, what this tab waited for, so the speedup here is a busy server's, "
+            f"charged that whole forward, what this tab waited for, so the speedup {there} is a busy server's, "
             "not this tab's alone.")
 
 
 def counters_html(fig: dict | None, method_label: str = "Token Recycling", sampled: bool = False,
                   extra: str = "", start: str = "", pending: str = "", cpu: bool = True, step_line: str = "",
-                  where: str = "this machine") -> str:
+                  recorded_on: str | None = None) -> str:
     """``extra``: one more sentence under the verdict (e.g. why two precisions part); ``start``: where
     the matrix of the run came from (hot or cold start), in words; ``pending``: a step shown but not
-    counted yet (Teach mode before its verdict); ``where``: the machine the run's times are from."""
+    counted yet (Teach mode before its verdict); ``recorded_on``: the machine the run's times are from,
+    in words, where it is not this one (a replay)."""
     later = f"<div class='not-counted'>Not counted yet: {html.escape(pending)}.</div>" if pending else ""
     if not fig:
         return (f'<div class="counters-empty">{"Counters appear after the first step." if not pending else ""}'
@@ -68,6 +71,7 @@ def counters_html(fig: dict | None, method_label: str = "Token Recycling", sampl
                 else "<span class='bad'>✘ differs from greedy</span>")
         same += f" ({fig['compared']} token{'s' * (fig['compared'] != 1)} compared)"
     baseline = "Plain sampling" if sampled else "Greedy"
+    cost, alongside = cost_words(fig, cpu, recorded_on), alongside_words(fig, recorded_on)
 
     def row(label, a, b):
         return f"<tr><th>{label}</th><td>{a}</td><td>{b}</td></tr>"
@@ -78,11 +82,11 @@ def counters_html(fig: dict | None, method_label: str = "Token Recycling", sampl
         + row("tokens", tr["tokens"], g["tokens"])
         + row("forward passes", tr["forwards"], g["forwards"])
         + row("tokens / s", f"{tr['tok_per_s']:.1f}", f"{g['tok_per_s']:.1f}")
-        + f"<tr class='speedup'><th>speedup {'here' if where == 'this machine' else 'recorded'}</th>"
+        + f"<tr class='speedup'><th>speedup {'here' if recorded_on is None else 'recorded'}</th>"
         + f"<td colspan=2><b>{fig['speedup']:.2f}×</b></td></tr></table>"
         + f"<div class='same'>{same}</div>" + later
-        + (f"<div class='cost'>{html.escape(cost_words(fig, cpu, where))}</div>" if cost_words(fig, cpu) else "")
-        + (f"<div class='alongside'>{html.escape(alongside_words(fig))}</div>" if alongside_words(fig) else "")
+        + (f"<div class='cost'>{html.escape(cost)}</div>" if cost else "")
+        + (f"<div class='alongside'>{html.escape(alongside)}</div>" if alongside else "")
         + (f"<div class='step-cost'>{html.escape(step_line)}</div>" if step_line else "")
         + f"<div class='mat-words'>{MAT_WORDS}</div>"
         + (f"<div class='start'>Matrix: {html.escape(start)}.</div>" if start else "")

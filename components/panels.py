@@ -1,8 +1,12 @@
 """Every panel of one step of a run, drawn from its Step records (live or replayed, any step, any frame)."""
 from __future__ import annotations
 
+import functools
 import html
 
+import torch
+
+from tr_core.devices import describe_machine
 from tr_core.precision import Divergence, describe
 
 from .acceptance_map import acceptance_figure, acceptance_words
@@ -44,30 +48,43 @@ def draw_panels(view: RunView | None, n: int | None = None, frame: int = 0, pick
                           start=view.header.get("matrix_start", ""),
                           pending=f"step {n} is counted at phase 3, accept" if done < n else "",
                           cpu=str(view.header.get("device", "cpu")).startswith("cpu"),
-                          step_line=step_cost_line(view, done), where=timed_on(view)),
+                          step_line=step_cost_line(view, done), recorded_on=recorded_on(view)),
             charts_figure([len(s.committed) for s in view.steps[:done]], view.speedups(done), max_len=view.lookahead),
             phase_html(step, text_of, frame),
             acceptance_figure(view.steps, done),
             text_alternative(view, n, frame))
 
 
-def timed_on(view: RunView) -> str:
-    """The machine a run's times are from, in words: this one, or (a replay) the one that recorded it."""
-    if not view.replayed:
-        return "this machine"
+def recorded_on(view: RunView) -> str | None:
+    """None where the run's times are this machine's; else the machine that recorded it, in words (a
+    replayed file, or a run the browser kept from one, whose header names another machine)."""
     machine = str(view.header.get("machine") or "")[:100]
+    if not view.replayed and (not machine or machine == machine_here(str(view.header.get("device", "cpu")))):
+        return None
     return f"the machine that recorded this run, {machine}," if machine else "the machine that recorded this run"
 
 
+@functools.lru_cache(maxsize=8)
+def machine_here(device: str) -> str:
+    """This host's ``describe_machine`` for a run's device ("" where it has no such device)."""
+    try:
+        dev = torch.device(device)
+        if dev.type == "cuda" and not torch.cuda.is_available():
+            return ""
+        return describe_machine(dev)
+    except (RuntimeError, ValueError):
+        return ""
+
+
 def step_cost_line(view: RunView, n: int) -> str:
-    """Step ``n``'s forward size and what it cost here, in greedy steps (their mean so far)."""
+    """Step ``n``'s forward size and what it cost where it ran, in greedy steps (their mean so far)."""
     step, b = view.step(n), view.baseline[n - 1] if 0 < n <= len(view.baseline) else None
     if step is None or b is None or not b["forwards"] or not b["seconds"] or step.method == "greedy":
         return ""
     read, greedy_read = step.timings.get("reading", 0.0), b.get("reading", 0.0)
     ratio = (step.seconds - read) / ((b["seconds"] - greedy_read) / b["forwards"])
     words = (f"This step: one forward of {step.forward_tokens} token{'s' * (step.forward_tokens != 1)} took "
-             f"{ratio:.2f}× a greedy step's time {'there' if view.replayed else 'here'}, and committed "
+             f"{ratio:.2f}× a greedy step's time {'here' if recorded_on(view) is None else 'there'}, and committed "
              f"{len(step.committed)}.")
     if read:  # the first step: the prompt read before it, and the counters count it, as the benchmark does
         words += (f" Before it, the prompt was read for both sides in one forward (charged {read:.2f} s; greedy "

@@ -32,7 +32,7 @@ MAX_PROMPT_CHARS = 20_000
 SHIPPED_MATRIX = Path(__file__).resolve().parent.parent / "assets" / "matrix" / "embedded.safetensors"
 COLD = "cold"  # Settings.start: an empty matrix at the first step (the contrast to the hot start)
 DONE = "Done: end of text or token budget reached."
-TEACH_BEFORE_VERDICT = "Step {n}: Phase ▶ shows what its forward pass verifies, then what it accepts."
+TEACH_BEFORE_VERDICT = "Step {n} has run: what it accepts shows at phase 3, accept."
 METHODS = {"Token Recycling (TR)": "tr", "Progressive Tree Drafting (PTD)": "ptd"}
 # Where the planner finds PTD's draft nodes do not pay (a CPU), the page still carries this many, so
 # that its draft tree can be watched growing; the benchmark's ``ptd`` lets the planner drop them.
@@ -527,13 +527,14 @@ class Session:
         self.message, self.notice = self.notice + words, ""
 
     def status_line(self) -> str:
-        """The status line as the page shows it: in Teach mode's first two phases (retrieve, verify) of
-        the step whose verdict ends it, the verdict is kept back; the panels tell it at phase 3, accept."""
+        """The status line as the page shows it: while Teach mode shows anything before the accept phase
+        of the step whose verdict ends it (that step's retrieve or verify, or an earlier step's
+        frames), the verdict is kept back; the panels tell it at phase 3, accept."""
         view, c = self.view(), self.cursor
-        if self.verdict is None or c.frame not in (1, 2) or view is None:
+        if self.verdict is None or not c.frame or view is None:
             return self.message
         n, words = self.verdict
-        if view.clamp(c.shown) != n or not self.message.endswith(words):
+        if (view.clamp(c.shown), c.frame) >= (n, 3) or not self.message.endswith(words):
             return self.message
         return self.message[:len(self.message) - len(words)] + TEACH_BEFORE_VERDICT.format(n=n)
 
@@ -566,6 +567,7 @@ class Session:
     def show_next(self) -> None:
         self.recorded.reveal_next()
         self.cursor.show(None)
+        self.verdict = None if self.in_progress else (self.recorded.revealed, DONE)
         self.say("" if self.in_progress else DONE)
 
     # ---- either kind of run ---------------------------------------------------------------

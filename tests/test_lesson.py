@@ -38,13 +38,17 @@ def test_before_any_draft_is_accepted_a_speedup_above_one_is_said_to_be_the_timi
 
 
 def test_a_replays_figures_are_said_to_be_the_recording_machines():
-    fig = {"tr": {"tokens": 30, "forwards": 12, "mat": 2.5, "tok_per_s": 15.0, "seconds": 2.0},
-           "greedy": {"tokens": 30, "forwards": 30, "mat": 1.0, "tok_per_s": 12.0, "seconds": 2.5},
+    fig = {"tr": {"tokens": 30, "forwards": 12, "mat": 2.5, "tok_per_s": 15.0, "seconds": 2.0, "alongside": 4},
+           "greedy": {"tokens": 30, "forwards": 30, "mat": 1.0, "tok_per_s": 12.0, "seconds": 2.5, "alongside": 9},
            "speedup": 1.25, "identical": True, "compared": 30}
-    there = counters_html(fig, where="the machine that recorded this run, Some CPU,")
+    there = counters_html(fig, recorded_on="the machine that recorded this run, Some CPU,")
     assert "on the machine that recorded this run, Some CPU, a step of the method took 2.00×" in there
-    assert "speedup recorded" in there and "speedup here" not in there and "on this machine" not in there
-    assert "speedup here" in counters_html(fig)
+    assert "speedup recorded" in there and "speedup here" not in there and "this machine" not in there
+    assert "A class on the server that recorded it" in there and "this server" not in there
+    here = counters_html(fig)
+    assert "speedup here" in here and "on this machine" in here and "A class on this server" in here
+    # a run file's machine is a visitor's text: shown as text, never as markup
+    assert "<script>" not in counters_html(fig, recorded_on="the machine that recorded this run, <script>,")
 
 
 def test_a_failed_model_switch_keeps_the_run_shown(hub):
@@ -98,18 +102,21 @@ def test_compare_runs_in_slices_to_the_end_and_cancels(hub):
 
 
 def test_teach_mode_keeps_a_steps_verdict_off_the_status_line_until_accept(hub):
-    """Retrieve and verify come before the verdict: the status line says what comes, not what was
-    committed; from accept on it says it, as outside Teach mode."""
+    """Retrieve and verify come before the verdict, and so does any earlier step's frame: the status
+    line says that the step ran, not what it committed; from accept on it says it, as outside Teach mode."""
     h = Handlers(hub, 256)
     sess = Session()
+    h.step(None, sess, PROMPT, teach=False, **PAGE)
     out = h.step(None, sess, PROMPT, teach=True, **PAGE)
-    assert sess.cursor.frame == 1
-    assert out[-1] == "Step 1: Phase ▶ shows what its forward pass verifies, then what it accepts."
+    assert sess.cursor.frame == 1 and out[-1] == "Step 2 has run: what it accepts shows at phase 3, accept."
+    out = h.prev_frame(sess)  # step 1's last frame: step 2's verdict still waits
+    assert (sess.cursor.shown, sess.cursor.frame) == (1, 4) and "committed" not in out[-1]
+    out = h.history(1, sess)
+    assert "committed" not in out[-1]
+    for frame in (1, 2):
+        out = h.next_frame(None, sess, PROMPT, teach=True, **PAGE)
+        assert (sess.cursor.shown, sess.cursor.frame) == (2, frame) and "committed" not in out[-1]
     out = h.next_frame(None, sess, PROMPT, teach=True, **PAGE)
-    assert sess.cursor.frame == 2 and "committed" not in out[-1]
-    out = h.next_frame(None, sess, PROMPT, teach=True, **PAGE)
-    assert sess.cursor.frame == 3 and out[-1].startswith("Step 1 done:") and "committed" in out[-1]
-    out = h.prev_frame(sess)
-    assert sess.cursor.frame == 2 and "committed" not in out[-1]
+    assert sess.cursor.frame == 3 and out[-1].startswith("Step 2 done:") and "committed" in out[-1]
     out = h.step(None, sess, PROMPT, teach=False, **PAGE)
-    assert sess.cursor.frame == 0 and out[-1].startswith("Step 2 done:")
+    assert sess.cursor.frame == 0 and out[-1].startswith("Step 3 done:")

@@ -430,8 +430,9 @@ class Report:
     """The check's JSON: one section per part, written to ``path`` after every part, so a part that
     fails, or a check cut short, leaves the parts before it."""
 
-    def __init__(self, dev, model_info: dict, path: str | None, provenance: dict):
-        self.dev, self.path, self.started = dev, path, time.perf_counter()
+    def __init__(self, dev, model_info: dict, path: str | None, provenance: dict, started: float):
+        """``started``: the check's start (``time.perf_counter()``), from which ``seconds`` counts."""
+        self.dev, self.path, self.started = dev, path, started
         self.data: dict = {"environment": environment(dev), "model": model_info, "no_weights": {}, "exactness": {},
                            "timed": {}, "costs": {}, "dtype_rule": {}, "batching": {}, "parts": {},
                            "provenance": provenance}
@@ -470,9 +471,10 @@ def run_check(opts: CheckOptions, parts: dict | None = None) -> dict:
     from ..devices import pick_device
     from .report import provenance
 
+    started = time.perf_counter()
     path, info = resolve_model(None if opts.no_weights else opts.model)
     dev = pick_device(opts.device)
-    report = Report(dev, info, opts.json_path, provenance("python -m tr_core.bench.gpu_check", opts.argv))
+    report = Report(dev, info, opts.json_path, provenance("python -m tr_core.bench.gpu_check", opts.argv), started)
     report.run("no_weights", lambda: check_no_weights(dev, opts.random_tokens, opts.random_prompts, opts.families,
                                                       None if opts.shapes == "7b" else 2), opts.skip)
     if path is None:
@@ -598,6 +600,7 @@ def decoder_lines(title: str, section: dict) -> list[str]:
 
 
 def timed_lines(t: dict) -> list[str]:
+    """The timed part: each method's tokens per second, MAT, speedup and share identical to greedy."""
     if "methods" not in t:
         return [f"timed: {t}"]
     lines = [f"timed ({t['dtype']}, {t['prompts']} prompts x {t['max_new_tokens']} tokens, interleaved; "
@@ -610,6 +613,8 @@ def timed_lines(t: dict) -> list[str]:
 
 
 def cost_lines(c: dict) -> list[str]:
+    """The costs part: forward milliseconds by query tokens, the masked GQA ways, the planner's tree and
+    the projections."""
     if "seconds_by_cache" not in c:
         return [f"costs: {c}"]
     lines = [f"forward ms, {c['model']} ({c['dtype']}); q = query tokens"]
@@ -629,6 +634,7 @@ def cost_lines(c: dict) -> list[str]:
 
 
 def batching_lines(b: dict) -> list[str]:
+    """The batching part: a packed forward's time by batch, and the class projected from them."""
     if not b:
         return []
     if "by_batch" not in b:
