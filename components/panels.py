@@ -1,12 +1,8 @@
 """Every panel of one step of a run, drawn from its Step records (live or replayed, any step, any frame)."""
 from __future__ import annotations
 
-import functools
 import html
 
-import torch
-
-from tr_core.devices import describe_machine
 from tr_core.precision import Divergence, describe
 
 from .acceptance_map import acceptance_figure, acceptance_words
@@ -56,24 +52,12 @@ def draw_panels(view: RunView | None, n: int | None = None, frame: int = 0, pick
 
 
 def recorded_on(view: RunView) -> str | None:
-    """None where the run's times are this machine's; else the machine that recorded it, in words (a
-    replayed file, or a run the browser kept from one, whose header names another machine)."""
-    machine = str(view.header.get("machine") or "")[:100]
-    if not view.replayed and (not machine or machine == machine_here(str(view.header.get("device", "cpu")))):
+    """None where the run's times are this server's; else the machine that recorded it, in words (a
+    run file's, replayed or kept by the browser)."""
+    if view.timed_here:
         return None
+    machine = str(view.header.get("machine") or "")[:100]
     return f"the machine that recorded this run, {machine}," if machine else "the machine that recorded this run"
-
-
-@functools.lru_cache(maxsize=8)
-def machine_here(device: str) -> str:
-    """This host's ``describe_machine`` for a run's device ("" where it has no such device)."""
-    try:
-        dev = torch.device(device)
-        if dev.type == "cuda" and not torch.cuda.is_available():
-            return ""
-        return describe_machine(dev)
-    except (RuntimeError, ValueError):
-        return ""
 
 
 def step_cost_line(view: RunView, n: int) -> str:

@@ -110,7 +110,7 @@ class RunFiles:
             except RunFileError:
                 note = "the run kept in this browser could not be read"
         if run is not None:
-            sess.live.kept, sess.cursor.shown = RunView.of_run(run), None
+            sess.live.kept, sess.cursor.shown = RunView.of_run(run, bool(kept.get("timed_here", True))), None
             sess.live.kept.replayed = False
             note = (f"the run of {len(run.steps)} steps is shown as it was; Step starts the prompt again "
                     "from step 1 (a reload does not keep the model's state)")
@@ -151,7 +151,7 @@ def kept_for_reload(sess: Session | None, path: str | None) -> dict | None:
         prompt, values = sess.live.started_with[0], settings_values(sess.live.started_with[1])
     else:  # a replay, or a run kept after its model went: its own prompt and settings
         prompt, values = str(view.header.get("prompt", "")), dict(view.header.get("settings") or {})
-    kept = {"prompt": prompt, "settings": values, "run": None, "note": ""}
+    kept = {"prompt": prompt, "settings": values, "run": None, "note": "", "timed_here": view.timed_here}
     if path is not None:
         text = Path(path).read_text()
         if len(text) <= KEEP_CHARS:

@@ -26,6 +26,7 @@ class RunView:
     header: dict = field(default_factory=dict)
     lookahead: int = 7
     replayed: bool = False  # opened from a run file
+    timed_here: bool = True  # its times were measured on this server (False: a run file's, from elsewhere)
 
     @classmethod
     def of_race(cls, race, header: dict) -> "RunView":
@@ -36,10 +37,11 @@ class RunView:
                    special_ids(lm), header, dec.lookahead)
 
     @classmethod
-    def of_run(cls, run: Run) -> "RunView":
+    def of_run(cls, run: Run, timed_here: bool = False) -> "RunView":
+        """A run file's view (``replayed``); ``timed_here``: its times are this server's (a run it recorded)."""
         depth = max((max(s.tree.depths, default=0) for s in run.steps), default=6)
         return cls(run.steps, run.baseline, run.outputs.get("method", []), run.outputs.get("baseline", []),
-                   run.token_text, run.special, run.header, depth + 1, replayed=True)
+                   run.token_text, run.special, run.header, depth + 1, replayed=True, timed_here=timed_here)
 
     def first(self, n: int) -> "RunView":
         """The run as far as its first ``n`` steps: a recorded run, shown step by step (ZeroGPU)."""

@@ -342,7 +342,7 @@ class RecordedRun:
         self.revealed = min(self.revealed + 1, len(self.run.steps))
 
     def view(self) -> RunView:
-        return replace(RunView.of_run(self.run), replayed=False).first(self.revealed)
+        return replace(RunView.of_run(self.run, timed_here=True), replayed=False).first(self.revealed)
 
 
 @dataclass
@@ -672,7 +672,7 @@ class Session:
         view = self.view()
         if view is None or view.replayed:
             return view
-        return replace(RunView.of_run(view.to_run()), replayed=False)
+        return replace(RunView.of_run(view.to_run(), timed_here=view.timed_here), replayed=False)
 
     def keep_shown(self) -> None:
         self.live.kept = self.detached_view()

@@ -21,9 +21,9 @@ from pathlib import Path
 
 import torch
 
+from tr_core.cost import COST_LENGTHS, time_forwards
 from tr_core.devices import describe_machine, precision_words
 from tr_core.gguf_cache import cache_root
-from tr_core.cost import COST_LENGTHS, time_forwards
 from tr_core.planner import CostCurve, cost_curve_for
 
 from .memory import set_aside_long_lived

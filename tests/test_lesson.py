@@ -5,7 +5,7 @@ from __future__ import annotations
 from components.compare import CompareSteps
 from components.counters import counters_html
 from components.handlers import Handlers
-from components.run_files import RunFiles
+from components.run_files import RunFiles, open_run_bytes
 from components.session import SETTINGS_FIELDS, Session
 
 from .test_app import PROMPT
@@ -78,6 +78,12 @@ def test_the_browsers_copy_of_a_tab_brings_back_its_prompt_settings_and_run(hub)
     assert restored is not sess and len(restored.view().steps) == 3 and prompt == PROMPT
     assert fields[SETTINGS_FIELDS.index("tree")] == "tr-16" and fields[SETTINGS_FIELDS.index("method")] == PAGE["method"]
     assert restored.view().output == sess.view().output
+    assert "speedup here" in out[5] and "on this machine" in out[5]  # this server's own run: timed here
+    replay = Session()
+    open_run_bytes(replay, kept["run"], "run.json")  # the same run as a file: its times are the file's
+    _button, kept_replay = files.prepare(replay)
+    out = files.restore(None, kept_replay)
+    assert "speedup recorded" in out[5] and "on this machine" not in out[5]
     out = files.restore(None, {**kept, "run": "{not a run"})  # a damaged copy: the prompt and settings alone
     assert out[0].view() is None and out[-1 - len(SETTINGS_FIELDS)] == PROMPT
 

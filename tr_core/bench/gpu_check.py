@@ -430,9 +430,11 @@ class Report:
     """The check's JSON: one section per part, written to ``path`` after every part, so a part that
     fails, or a check cut short, leaves the parts before it."""
 
-    def __init__(self, dev, model_info: dict, path: str | None, provenance: dict, started: float):
-        """``started``: the check's start (``time.perf_counter()``), from which ``seconds`` counts."""
-        self.dev, self.path, self.started = dev, path, started
+    def __init__(self, dev, model_info: dict, path: str | None, provenance: dict, started: float,
+                 skip: tuple[str, ...] = ()):
+        """``started``: the check's start (``time.perf_counter()``), from which ``seconds`` counts;
+        ``skip``: the parts not to run."""
+        self.dev, self.path, self.started, self.skip = dev, path, started, skip
         self.data: dict = {"environment": environment(dev), "model": model_info, "no_weights": {}, "exactness": {},
                            "timed": {}, "costs": {}, "dtype_rule": {}, "batching": {}, "parts": {},
                            "provenance": provenance}
@@ -442,14 +444,14 @@ class Report:
         if self.path:
             Path(self.path).write_text(json.dumps(self.data, indent=2, default=str))
 
-    def run(self, name: str, part, skip: tuple[str, ...] = ()) -> None:
+    def run(self, name: str, part) -> None:
         """Section ``name`` = ``part()``, or ``{"skipped": ...}`` where ``skip`` names it, or the error
         it raised (out of memory said as such); timed, the device's memory given back, saved."""
         import torch
 
         from ..devices import release_device_memory
 
-        if name in skip:
+        if name in self.skip:
             self.data[name] = {"skipped": "--skip"}
             return
         t0 = time.perf_counter()
@@ -474,9 +476,10 @@ def run_check(opts: CheckOptions, parts: dict | None = None) -> dict:
     started = time.perf_counter()
     path, info = resolve_model(None if opts.no_weights else opts.model)
     dev = pick_device(opts.device)
-    report = Report(dev, info, opts.json_path, provenance("python -m tr_core.bench.gpu_check", opts.argv), started)
+    report = Report(dev, info, opts.json_path, provenance("python -m tr_core.bench.gpu_check", opts.argv), started,
+                    opts.skip)
     report.run("no_weights", lambda: check_no_weights(dev, opts.random_tokens, opts.random_prompts, opts.families,
-                                                      None if opts.shapes == "7b" else 2), opts.skip)
+                                                      None if opts.shapes == "7b" else 2))
     if path is None:
         for name in ("exactness", "timed"):
             report.data[name] = {"skipped": "--no-weights" if opts.no_weights else "no --model given"}
@@ -511,10 +514,10 @@ def model_parts(report: Report, opts: CheckOptions, path: str, parts: dict) -> d
             report.save()
         return out
 
-    report.run("exactness", exactness, opts.skip)
+    report.run("exactness", exactness)
     report.run("timed", lambda: check_timed(model_in(opts.timed_dtype),
                                             texts[:opts.timed_prompts] if opts.timed_prompts else texts,
-                                            opts.timed_tokens), opts.skip)
+                                            opts.timed_tokens))
     for name, fn in parts.items():
         report.data["parts"][name] = fn(model_in(opts.timed_dtype), texts[0].text)
         report.save()
@@ -533,7 +536,7 @@ def random_model_parts(report: Report, opts: CheckOptions, measured: dict) -> No
     from .random_models import random_model
 
     config, made = big_config(opts.shapes), {}
-    report.run("dtype_rule", lambda: check_dtype_rule(report.dev, config), opts.skip)
+    report.run("dtype_rule", lambda: check_dtype_rule(report.dev, config))
 
     def costs() -> dict:
         made["big"] = bare(random_model(config, report.dev, torch.bfloat16, sharpen=1.0),
@@ -541,9 +544,9 @@ def random_model_parts(report: Report, opts: CheckOptions, measured: dict) -> No
         return check_costs(made["big"], opts.shapes, opts.repeats,
                            {k: v for k, v in measured.items() if k in ("tr:paper-80", "tr", "tr (auto)")})
 
-    report.run("costs", costs, opts.skip)
+    report.run("costs", costs)
     if opts.batching and "big" in made:
-        report.run("batching", lambda: check_batching(made["big"], opts.repeats, CACHES[opts.shapes][0]), opts.skip)
+        report.run("batching", lambda: check_batching(made["big"], opts.repeats, CACHES[opts.shapes][0]))
     elif opts.batching:
         report.data["batching"] = {"skipped": "--skip" if "batching" in opts.skip
                                    else "it runs on the costs part's model, which failed or was skipped"}
