@@ -7,6 +7,7 @@ for all methods on one prompt, ``startup`` for loading).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 from dataclasses import dataclass
@@ -66,6 +67,12 @@ PACED = ("(...args) => (" + SETTLE + ")(...args).then((a) => new Promise((done) 
 def intro_for(method_label: str) -> str:
     """The header for the method chosen in the Method box (``METHODS``' labels)."""
     return INTROS.get(METHODS.get(method_label, "tr"), INTROS["tr"]) + KEYS
+
+
+def fields_for_method(method_label: str, fields: int) -> list:
+    """What the Method box changes: TR's ``fields`` settings (the tree, k, the matrix and its buttons)
+    shown for TR and hidden for PTD, which keeps no matrix; then the method's header."""
+    return [gr.update(visible=METHODS.get(method_label) == "tr")] * fields + [intro_for(method_label)]
 
 
 def build_app(hub: ModelHub, cap: int = 256, default_tokens: int = PAGE_TOKENS, matrix_path: str | None = None,
@@ -336,9 +343,9 @@ def wire_settings(h: Handlers, session, ui: dict, views: list, model: dict) -> N
         field.input(h.settings_changed, inputs_kwargs={"sess": session, "prompt": ui["prompt"], **settings_in},
                     outputs=ui["status"])
     tr_only = [s["tree"], s["k"], s["hot"], s["lookup"], ui["start"], s["reset_matrix"], s["save_matrix"],
-               s["load_matrix"]]  # PTD keeps no matrix
-    ui["method"].change(lambda m: [gr.update(visible=METHODS.get(m) == "tr")] * len(tr_only) + [intro_for(m)],
-                        ui["method"], tr_only + [ui["intro"]])
+               s["load_matrix"]]
+    ui["method"].change(functools.partial(fields_for_method, fields=len(tr_only)), ui["method"],
+                        tr_only + [ui["intro"]])
     s["reset_matrix"].click(h.reset_matrix, session, views, **model)
     s["save_matrix"].click(h.save_matrix, session, [session, s["matrix_file"], ui["status"]], **model)
     s["load_matrix"].upload(h.load_matrix, inputs_kwargs={"sess": session, "file": s["load_matrix"], **settings_in},

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import html
+from typing import Any, NamedTuple
 
 from tr_core.precision import Divergence, describe
 
@@ -14,14 +15,30 @@ from .text_view import output_html
 from .tokens import visible
 from .tree_plot import draft_figure, tree_figure
 
-PANELS = ("tree", "draft", "heatmap", "text", "counters", "charts", "phases", "acceptance", "alt")
+
+
+class Panels(NamedTuple):
+    """Every panel of a step, by name (a tuple in this order: the page's outputs, ``handlers.DRAWN``)."""
+
+    tree: Any  # the draft tree (a plotly figure as JSON)
+    draft: Any  # PTD's next draft tree (empty for the other methods)
+    heatmap: Any  # the matrix rows read and written
+    text: str  # the output so far (HTML)
+    counters: str  # tokens, forwards, MAT, speed (HTML)
+    charts: Any  # tokens per step and the speedup so far
+    phases: str  # the phase strip (HTML)
+    acceptance: Any  # which tree places were accepted, over the run
+    alt: str  # the step in words, for a screen reader (HTML)
+
+
+PANELS = Panels._fields
 FRAMES = ("whole step", "retrieve", "verify", "accept", "recycle")
 
 
-def draw_panels(view: RunView | None, n: int | None = None, frame: int = 0, picked: int | None = None) -> tuple:
-    """One value per name in ``PANELS``; ``n``: the step (None: the latest), ``picked``: a clicked node."""
+def draw_panels(view: RunView | None, n: int | None = None, frame: int = 0, picked: int | None = None) -> Panels:
+    """Every panel of step ``n`` (None: the latest) at Teach mode's ``frame``; ``picked``: a clicked node."""
     if view is None:
-        return (tree_figure(None, str), draft_figure(None, str, ""), heatmap_figure(None, str), output_html([], str),
+        return Panels(tree_figure(None, str), draft_figure(None, str, ""), heatmap_figure(None, str), output_html([], str),
                 counters_html(None), charts_figure([], []), phase_html(None, str), acceptance_figure([], 0),
                 "<div class='sr-only'>Nothing decoded yet.</div>")
     n = view.clamp(n)
@@ -33,7 +50,7 @@ def draw_panels(view: RunView | None, n: int | None = None, frame: int = 0, pick
     done = n - 1 if frame in (1, 2) else n
     div = view.divergence(done) if done else None
     figures = view.figures(done) if done else None
-    return (tree_figure(step, text_of, tree_title(view, n), frame, picked),
+    return Panels(tree_figure(step, text_of, tree_title(view, n), frame, picked),
             draft_figure(step, text_of, f"PTD's draft tree after step {n}<br>(it rides along in the next forward)"
                          if view.method == "ptd" else ""),
             heatmap_figure(step, text_of, frame, rows),

@@ -9,22 +9,25 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from enum import Enum
 from pathlib import Path
-from typing import Mapping
+from typing import TYPE_CHECKING, Mapping
 
 from tr_core import AdjacencyMatrix, GreedyDecoder, MatrixFileError, TokenRecyclingDecoder
-from tr_core.rounds import Batcher
 from tr_core.decoders import DecodeError, ProgressiveTreeDecoder
 from tr_core.decoders.recycling import DEFAULT_LOOKUP
 from tr_core.models import LoadedModel, ModelLoadError
 from tr_core.planner import TreePlanner
 from tr_core.progressive import PTDConfig
-from tr_core.sampling import SamplingConfig
+from tr_core.race import Race
+from tr_core.rounds import Batcher
 from tr_core.runs import Run, run_header
+from tr_core.sampling import SamplingConfig
 from tr_core.trees import TreeError, list_presets, load_tree
 
 from .model_hub import ModelHub
-from tr_core.race import Race
 from .run_view import RunView
+
+if TYPE_CHECKING:
+    from .panels import Panels
 
 MAX_PROMPT_CHARS = 20_000
 # The embedded model's hot-start matrix, warmed on the calibration split (``python -m tr_core.bench.warm``):
@@ -677,8 +680,8 @@ class Session:
     def keep_shown(self) -> None:
         self.live.kept = self.detached_view()
 
-    def views(self) -> tuple:
-        """Every panel at the step shown (``panels.PANELS`` order)."""
+    def views(self) -> Panels:
+        """Every panel at the step shown, by name."""
         from .panels import draw_panels
 
         view, c = self.view(), self.cursor

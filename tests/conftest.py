@@ -66,15 +66,28 @@ def tiny_lm():
     return wrap_model(make_tiny_model(), make_tiny_tokenizer(), name="tiny-llama")
 
 
+# The embedded model's forward costs on a quiet 2-core CPU (AMD EPYC, AVX2; ``CostCurve.measure``, the
+# median of three, 2026-12-07): seconds of q query tokens over 128 cached ones, and the cache parts.
+QUIET_CPU_CURVE = dict(
+    lengths=[1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 81, 96],
+    seconds=[0.0471, 0.0493, 0.0544, 0.0577, 0.0613, 0.0651, 0.0736, 0.0819, 0.0974, 0.1136, 0.1606,
+             0.1862, 0.2232, 0.2596],
+    per_cache=1.1e-6, per_cache_fixed=6.0e-6, plain_ratio=0.975)
+
+
 @pytest.fixture(scope="session")
 def embedded_lm():
-    """The embedded model, with its cost curve timed in one round after the warm-up round (the app
-    takes the median of three): the tests check outputs and what the page shows, not tree sizes."""
+    """The embedded model, its planners starting from a quiet CPU's cost curve (``QUIET_CPU_CURVE``), not
+    one timed here: the suite runs two workers side by side, and a curve timed while the other one
+    computes is noise (a 2-token forward timed at 3x a 1-token one, a masked forward at 1.6x greedy's), so
+    whether the first steps draft anything would depend on the neighbour.  The tests check outputs and
+    what the page shows; the timing of curves has tests of its own, and the planners still refit theirs
+    from every forward they run."""
     from tr_core import load_model
     from tr_core.cost import CostCurve
 
     lm = load_model(device=DEVICE)
-    lm.cost_curve = CostCurve.measure(lm, repeats=1)
+    lm.cost_curve = CostCurve(**QUIET_CPU_CURVE)
     return lm
 
 

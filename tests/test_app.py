@@ -80,7 +80,8 @@ def test_sampling_session_races_plain_sampling(hub):
     sess = Session()
     for _ in range(2):
         sess.step(hub, PROMPT, settings(tree="tr-16", temperature=0.8, top_p=0.9, seed=3), cap=256)
-    tree_fig, _, _, _, counters, _, _, _, _ = sess.views()
+    panels = sess.views()
+    tree_fig, counters = panels.tree, panels.counters
     step = sess.live.race.decoder.steps[-1]
     assert step.sampled and sess.live.race.greedy.sampling == sess.live.race.decoder.sampling
     assert "Plain sampling" in counters and "same distribution" in counters
@@ -351,3 +352,22 @@ def test_a_page_or_client_load_copies_no_weights(launched, monkeypatch):
         monkeypatch.setattr(cls, "__deepcopy__", lambda self, memo, _o=original: copied.append(1) or _o(self, memo))
     utils.safe_deepcopy(launched[0].config)
     assert not copied, f"{len(copied)} tensors copied with the app's config"
+
+
+def test_choosing_ptd_hides_the_matrix_and_its_buttons_and_tr_shows_them_again():
+    """PTD keeps no matrix: the Method box hides TR's settings and the matrix buttons for it."""
+    import gradio as gr
+    from app import build_app
+
+    demo = build_app(ModelHub())
+    blocks = demo.blocks.values()
+    method = next(b for b in blocks if isinstance(b, gr.Dropdown) and b.label == "Method")
+    buttons = {b._id for b in blocks if getattr(b, "value", None) in ("Reset matrix", "Save matrix")} | \
+              {b._id for b in blocks if isinstance(b, gr.UploadButton) and b.label == "Load matrix"}
+    assert len(buttons) == 3
+    change = next(f for f in demo.fns.values() if (method._id, "change") in f.targets)
+    outputs = [b._id for b in change.outputs]
+    assert buttons <= set(outputs)
+    for label, shown in (("Progressive Tree Drafting (PTD)", False), ("Token Recycling (TR)", True)):
+        updates = dict(zip(outputs, change.fn(label)))
+        assert all(updates[b]["visible"] is shown for b in buttons), label

@@ -56,10 +56,10 @@ def test_a_failed_model_switch_keeps_the_run_shown(hub):
     sess = Session()
     for _ in range(2):
         h.step(None, sess, PROMPT, **PAGE)
-    text = sess.views()[3]
+    text = sess.views().text
     out = h.step(None, sess, PROMPT, **{**PAGE, "model": "nobody/nothing-7b"})
     assert "The run shown stays" in out[-1]
-    assert sess.live.race is None and len(sess.view().steps) == 2 and sess.views()[3] == text  # detached, the same
+    assert sess.live.race is None and len(sess.view().steps) == 2 and sess.views().text == text  # detached, the same
     assert "step 2 of 2" in out[-2].label
     out = h.step(None, sess, PROMPT, **PAGE)  # the model that loads: a new run, from step 1
     assert len(sess.view().steps) == 1 and sess.live.kept is None

@@ -57,7 +57,7 @@ def alone(hub, i: int) -> str:
         if sess.live.race is not None and sess.live.race.done:
             break
         sess.step(hub, prompt, s, cap=256)
-    return sess.views()[3]
+    return sess.views().text
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads memory from /proc")
