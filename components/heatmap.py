@@ -13,7 +13,7 @@ CELL_CHARS = 6  # a cell's token, shortened to fit a phone's 8 columns (its hove
 # 0 = same token at the same rank, 1 = moved from another rank, 2 = new to the row, 3 = empty (never written)
 SCALE = [[0.0, "#eef1f4"], [0.24, "#eef1f4"], [0.25, "#ffe08a"], [0.49, "#ffe08a"], [0.5, "#f08a4b"],
          [0.74, "#f08a4b"], [0.75, "#ffffff"], [1.0, "#ffffff"]]
-ROWS = "each row: a token ·its id (its vocabulary number)<br>and its k likeliest next tokens<br>"  # a phone's lines
+ROWS = "each row: “a token” #its id (its vocabulary number)<br>and its k likeliest next tokens<br>"  # a phone's lines
 PATH = "▶ the accepted path, from the root: the last<br>committed token, where this step starts<br>"
 ROOT = "▶ the tree's root: the last committed token, where<br>this step starts (the path is known at phase 3)<br>"
 SIGNS = "∅ never written: no candidates · ␣ space · ↵ new line<br>‹_› a token of underscores only"
@@ -55,7 +55,7 @@ def heatmap_figure(step: Step | None, token_text, frame: int = 0, picked: list[i
         z.append(zr)
         text.append(tr_)
         hover.append(hr)
-        ylabels.append(f"{'▶ ' if r.token in path_tokens else ''}{visible(token_text(r.token), 12)} ·{r.token}")
+        ylabels.append(f"{'▶ ' if r.token in path_tokens else ''}“{visible(token_text(r.token), 12)}” #{r.token}")
     k = len(shown[0].new)
     cells = heatmap(z=z, x=[f"#{j}" for j in range(k)], y=list(range(len(shown))), text=text,
                     texttemplate="%{text}", textfont=dict(size=10), hovertext=hover, hoverinfo="text",

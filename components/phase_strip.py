@@ -24,7 +24,7 @@ def hit_words(step: Step) -> str:
     """A step whose drafts hit, in words: what it committed for its one forward pass."""
     n = len(step.committed)
     return (f"<b>This step's drafts hit:</b> {n} tokens from one forward pass, where greedy needs {n} passes. "
-            if step.accepted_drafts else "")
+            if step.accepted_drafts and n > 1 else "")
 
 
 def phase_html(step: Step | None, token_text, frame: int = 0) -> str:
@@ -90,9 +90,10 @@ def _phase_body(step: Step | None, token_text, frame: int = 0) -> str:
     paired = sum(1 for src in t.sources if src == "pair")
     extra = (f" A further {looked} came from repeating what followed the same words earlier in the text "
              f"(prompt lookup)." if looked else "")
-    retrieve = (f"From the last token <b>{root}</b>, {NOTHING_PLANNED} ({ms.get('retrieve', 0):.1f} ms)."
+    retrieve = (f"From the last token <b class='tokname'>{root}</b>, {NOTHING_PLANNED} "
+                f"({ms.get('retrieve', 0):.1f} ms)."
                 if planned_nothing(step) else
-                f"From the last token <b>{root}</b>, {from_matrix} draft token{'s' * (from_matrix != 1)} "
+                f"From the last token <b class='tokname'>{root}</b>, {from_matrix} draft token{'s' * (from_matrix != 1)} "
                 f"{'were' if from_matrix != 1 else 'was'} read out of the matrix"
                 f"{f' ({paired} via pair rows)' if paired else ''}, "
                 f"branch by branch{_blank(step)} ({ms.get('retrieve', 0):.1f} ms).{extra}")
@@ -103,15 +104,26 @@ def _phase_body(step: Step | None, token_text, frame: int = 0) -> str:
                     f"One forward pass of the last token alone: nothing was drafted to check "
                     f"({ms.get('forward', 0):.0f} ms).")),
         ("accept", f"The longest branch matching the model's own choices had <b>{acc}</b> token{'s' * (acc != 1)}; "
-                   f"the model added <b>{own}</b> itself, so this step committed <b>{len(step.committed)}</b> "
-                   f"({min(acc, len(step.committed))} from the draft + "
-                   f"{len(step.committed) - min(acc, len(step.committed))} of its own)."),
+                   + _committed_words(step, own)),
         ("recycle", f"The candidates the model produced at {_positions(step.forward_tokens)}, accepted or not, "
                     f"were written into {len(step.rows_written)} matrix row{'s' * (len(step.rows_written) != 1)}"
                     f"{_one_row_each(step)}{' and into pair rows' if paired else ''}"
                     f" ({ms.get('update', 0):.1f} ms)."),
     ]
     return _cells(cells, frame)
+
+
+def _committed_words(step: Step, own: str) -> str:
+    """What the accept phase committed: the accepted drafts and the model's own token, or, where the text
+    ended within the drafts (its end or the token budget), the drafts up to there."""
+    k, acc = len(step.committed), step.accepted_drafts
+    if k > acc:
+        return (f"the model added <b class='tokname'>{own}</b> itself, so this step committed <b>{k}</b> "
+                f"({acc} from the draft + {k - acc} of its own).")
+    if k == acc:
+        return (f"the text ended with it (end of text or the token budget), so this step committed <b>{k}</b>, "
+                "all from the draft.")
+    return f"the token budget ended the text within it, so this step committed its first <b>{k}</b>."
 
 
 # what a pair row is (tr_core.pairs), said wherever a phase names them
@@ -154,13 +166,15 @@ def _ptd_cells(step: Step, root: str, own: str, ms: dict, acc: int, frame: int =
     fate = {k: sum(1 for s in (d.sources[1:] if d else []) if s == k) for k in ("new", "pruned")}
     riding = step.forward_tokens - len(step.tree.tokens)
     return _cells([
-        ("retrieve", f"The candidate trie for the last token <b>{root}</b> gave {step.tree.size} draft tokens: "
+        ("retrieve", f"The candidate trie for the last token <b class='tokname'>{root}</b> gave {step.tree.size} "
+                     f"draft tokens: "
                      f"n-grams harvested earlier from the draft tree's predictions (and, where extra tokens cost, "
                      f"from the prompt and the text so far) ({ms.get('retrieve', 0):.1f} ms)."),
         ("verify", f"One forward pass of {step.forward_tokens} tokens checked the candidates and, in the same "
                    f"pass, ran the {riding} nodes of the evolving draft tree ({ms.get('forward', 0):.0f} ms)."),
         ("accept", f"The longest candidate path matching the model's choices had <b>{acc}</b> token"
-                   f"{'s' * (acc != 1)}; the model added <b>{own}</b>, so this step committed {len(step.committed)}."),
+                   f"{'s' * (acc != 1)}; the model added <b class='tokname'>{own}</b>, so this step committed "
+                   f"{len(step.committed)}."),
         ("expand", f"Every draft node gained the model's next token as a child ({fate['new']} new nodes, shown in "
                    f"the draft-tree tab); {fate['pruned']} were pruned by depth stepping or the root window, and the "
                    f"new paths went into the tries ({ms.get('expand', 0):.1f} ms)."),

@@ -530,16 +530,19 @@ class Session:
         self.message, self.notice = self.notice + words, ""
 
     def status_line(self) -> str:
-        """The status line as the page shows it: while Teach mode shows anything before the accept phase
-        of the step whose verdict ends it (that step's retrieve or verify, or an earlier step's
-        frames), the verdict is kept back; the panels tell it at phase 3, accept."""
+        """The status line as the page shows it.  While an earlier step is shown (the history slider, a
+        clicked token, ◀ Phase), it says which, before the latest step's words.  While Teach mode shows
+        anything before the accept phase of the step whose verdict ends the line (that step's retrieve
+        or verify, or an earlier step's frames), the verdict is kept back; the panels tell it at phase
+        3, accept."""
         view, c = self.view(), self.cursor
-        if self.verdict is None or not c.frame or view is None:
+        if self.verdict is None or view is None or not self.message.endswith(self.verdict[1]):
             return self.message
         n, words = self.verdict
-        if (view.clamp(c.shown), c.frame) >= (n, 3) or not self.message.endswith(words):
-            return self.message
-        return self.message[:len(self.message) - len(words)] + TEACH_BEFORE_VERDICT.format(n=n)
+        shown, head = view.clamp(c.shown), self.message[:len(self.message) - len(self.verdict[1])]
+        if c.frame and (shown, c.frame) < (n, 3):
+            words = TEACH_BEFORE_VERDICT.format(n=n)
+        return head + (f"Showing step {shown} of {n}. " if shown < n else "") + words
 
     # ---- ZeroGPU: a run recorded in one GPU call, stepped through here ------------------------
     def reveal(self, record, prompt: str, s: Settings, cap: int) -> Run:

@@ -83,8 +83,9 @@ LEGEND = (f"{ROOT_LEGEND}<br><span style='color:#2e9d4f'>●</span> accepted dra
           "</span> rejected · <span style='color:#e0a100'>★</span> the model's own token<br><span "
           "style='color:#8e44ad'>●</span> prompt lookup: copied from the text · click a node")
 EMPTY_LEGEND = "<br>∅ hollow: the matrix had no candidates after its parent<br>(its row was still empty when this step drafted): a blank draft"
-FRAME_LEGEND = {1: "Phase 1, retrieve: the drafts, read row by row from M<br>"
-                   f"{ROOT_LEGEND}<br><span style='color:#6c8ebf'>●</span> a draft (verdict at phase 2)",
+FRAME_LEGEND = {1: "Phase 1, retrieve: drafts from M's rows or pair rows<br>"
+                   f"{ROOT_LEGEND}<br><span style='color:#6c8ebf'>●</span> a draft (verdict at phase 2) · "
+                   "<span style='color:#8e44ad'>●</span> prompt lookup",
                 2: "Phase 2, verify: one forward checks every node<br><span style='color:#2e9d4f'>●</span> the "
                    "model chose this token after its parent<br><span style='color:#d0455b'>✕</span> it chose "
                    "another · <span style='color:#c9ced4'>●</span> faded: below a ✕, no verdict",

@@ -11,7 +11,7 @@ from components.handlers import Handlers
 from components.model_hub import ModelHub
 from components.run_files import EXAMPLE_DIR, example_runs, open_run_bytes, run_file_for
 from components.session import Session, UserError
-from tr_core.devices import describe_machine
+from tr_core.devices import name_machine
 from tr_core.runs import RunFileError, read_run, record_run
 
 from .conftest import is_skip
@@ -33,7 +33,9 @@ def test_run_file_round_trip_replays_every_panel_without_a_model(hub, tmp_path):
     assert doc["format"] == "token-recycling-run" and doc["version"] == 1
     h = doc["header"]
     assert h["prompt"] == PROMPT and h["dtype"] == "float32" and h["device"] == "cpu" and h["settings"]["tree"]
-    assert h["machine"] == describe_machine(torch.device("cpu"))
+    # the machine by its cores, not by the torch threads of whichever thread wrote the file (a server's
+    # event threads run torch serially, its model thread on every core)
+    assert h["machine"] == name_machine(torch.device("cpu")) and "thread" not in h["machine"]
     assert len(doc["steps"]) == 3 and doc["outputs"]["baseline"]
     replay = Session()
     assert "3 steps" in open_run_bytes(replay, open(path, "rb").read(), "run.json")
@@ -315,6 +317,18 @@ def test_compare_runs_every_method_identical_to_greedy(embedded_lm):
     table = compare_table(rows)
     assert table.count("identical to greedy") == 5 and "MAT" in table and "one method after the other" in table
     assert len(compare_figure(rows).data) == 10
+
+
+def test_compare_marks_a_speedup_without_an_accepted_draft_as_step_time_variation():
+    from components.compare import compare_table
+
+    def row(name, tokens, seconds):  # cumulative tokens and seconds after each forward
+        return {"name": name, "tokens": tokens, "seconds": seconds, "output": [1, 2, 3]}
+    rows = [row("greedy", [0, 1, 2, 3], [0, 0.1, 0.2, 0.3]), row("TR (auto)", [0, 3], [0, 0.15]),
+            row("PLD", [0, 1, 2, 3], [0, 0.09, 0.18, 0.27])]  # MAT 1.00 and 1.11x: noise
+    table = compare_table(rows)
+    assert "1.11×*" in table and "2.00×<" in table and "not a gain" in table
+    assert "*" not in compare_table(rows[:2]) and "not a gain" not in compare_table(rows[:2])
 
 
 def test_record_run_on_the_tiny_model(tiny_lm):

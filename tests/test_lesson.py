@@ -117,6 +117,7 @@ def test_teach_mode_keeps_a_steps_verdict_off_the_status_line_until_accept(hub):
     assert sess.cursor.frame == 1 and out[-1] == "Step 2 has run: what it accepts shows at phase 3, accept."
     out = h.prev_frame(sess)  # step 1's last frame: step 2's verdict still waits
     assert (sess.cursor.shown, sess.cursor.frame) == (1, 4) and "committed" not in out[-1]
+    assert out[-1].startswith("Showing step 1 of 2. Step 2 has run")  # which step the panels show
     out = h.history(1, sess)
     assert "committed" not in out[-1]
     for frame in (1, 2):
@@ -126,3 +127,7 @@ def test_teach_mode_keeps_a_steps_verdict_off_the_status_line_until_accept(hub):
     assert sess.cursor.frame == 3 and out[-1].startswith("Step 2 done:") and "committed" in out[-1]
     out = h.step(None, sess, PROMPT, teach=False, **PAGE)
     assert sess.cursor.frame == 0 and out[-1].startswith("Step 3 done:")
+    out = h.history(1, sess)  # outside Teach mode an earlier step says which, and the latest step's words follow
+    assert out[-1].startswith("Showing step 1 of 3. Step 3 done:") and "committed" in out[-1]
+    out = h.history(3, sess)
+    assert out[-1].startswith("Step 3 done:")

@@ -154,3 +154,20 @@ def test_the_speedup_chart_holds_every_point_and_the_one_times_line_clear_of_its
     for speedups in ([0.81, 0.92, 0.84, 0.87, 1.05], [1.4, 1.6, 2.2], [0.5], []):
         low, high = charts_figure([1, 2], speedups).layout.yaxis2.range
         assert low < min([*speedups, 1.0]) and high > max([*speedups, 1.0]) and low >= 0
+
+
+def test_the_accept_phase_says_what_was_committed_where_the_text_ended_within_the_drafts():
+    """One accepted draft and the model's own token: both committed; the text ending at that draft (end of
+    text): the draft alone, none of the model's own, and no "drafts hit" line for a single token; the
+    budget cutting two accepted drafts after the first: that one."""
+    whole = phase_html(a_step(), text_of)
+    assert "committed <b>2</b> (1 from the draft + 1 of its own)" in whole and "drafts hit" in whole
+    ended = a_step()
+    ended.committed = [1]
+    said = phase_html(ended, text_of)
+    assert "the text ended with it" in said and "committed <b>1</b>, all from the draft" in said
+    assert "of its own" not in said and "itself" not in said and "drafts hit" not in said and "1 tokens" not in said
+    cut = a_step()
+    cut.accepted_path, cut.committed = [0, 1, 3], [1]
+    said = phase_html(cut, text_of)
+    assert "had <b>2</b> tokens" in said and "committed its first <b>1</b>" in said and "itself" not in said

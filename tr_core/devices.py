@@ -486,8 +486,22 @@ def cuda_name(device: torch.device) -> str | None:
 
 
 def describe_machine(device: torch.device) -> str:
-    """One line: the GPU's name, or the CPU's model and ISA (for reports and the status line)."""
+    """One line: the GPU's name, or the CPU's model and ISA with the torch threads of the calling thread
+    (for reports and the status line, made where the forwards run)."""
     if device.type == "cuda":
         return cuda_name(device) or "GPU"
     info = cpu_info()
-    return f"{info['model']} ({info['torch_isa']}, {info['threads']} threads)"
+    return f"{info['model']} ({info['torch_isa']}, {plural(info['threads'], 'thread')})"
+
+
+def name_machine(device: torch.device) -> str:
+    """Which machine, whatever thread asks: the GPU's name, or the CPU's model, ISA and cores (what a run
+    file records of the machine that timed it)."""
+    if device.type == "cuda":
+        return cuda_name(device) or "GPU"
+    capability = getattr(getattr(torch.backends, "cpu", None), "get_cpu_capability", lambda: "unknown")()
+    return f"{_cpu_model()} ({capability}, {plural(os.cpu_count() or 1, 'core')})"
+
+
+def plural(n: int, word: str) -> str:
+    return f"{n} {word}{'s' * (n != 1)}"

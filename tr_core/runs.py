@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
-from .devices import describe_machine
+from .devices import name_machine
 from .precision import BUG, NEAR_TIE, Divergence
 from .race import Race
 from .trace import DraftTree, RowUpdate, Step
@@ -180,7 +180,7 @@ def _need(ok, what: str) -> None:
 def run_header(lm, method: str, settings: dict, prompt: str, prompt_ids: list[int]) -> dict:
     """What a run file says about where it was recorded (see the module doc)."""
     return {"model": lm.name, "dtype": str(lm.dtype).replace("torch.", ""), "device": str(lm.device),
-            "machine": describe_machine(lm.device), "template": lm.template, "attention": lm.layout.describe(),
+            "machine": name_machine(lm.device), "template": lm.template, "attention": lm.layout.describe(),
             "method": method, "settings": settings, "prompt": prompt, "prompt_ids": list(prompt_ids)}
 
 
