@@ -33,8 +33,8 @@ ASSETS = Path(__file__).with_name("assets")
 BATCH_TABS = 16  # tabs whose steps run alongside, their forwards shared (1: one step at a time, all in one queue)
 MODEL_CHOICES = [EMBEDDED_LABEL, "Qwen/Qwen2.5-0.5B-Instruct", "meta-llama/Llama-3.2-1B-Instruct",
                  "lmsys/vicuna-7b-v1.3"]
-KEYS = ("Keys: <kbd>S</kbd> step <kbd>P</kbd> play <kbd>R</kbd> run/stop <kbd>N</kbd>/<kbd>B</kbd> next/previous "
-        "phase")
+KEYS = ("<span class='keys'>Keys: <kbd>S</kbd> step <kbd>P</kbd> play <kbd>R</kbd> run/stop <kbd>N</kbd>/<kbd>B</kbd> "
+        "next/previous phase</span>")  # hidden on a touch screen (style.css), which has no keys to press
 INTROS = {  # the page's header, by method: it describes the method the Method box shows
     "tr": "<b>♻️ Token Recycling, step by step</b>: drafts a tree from the matrix <b>M</b> (each token's k likeliest "
           "next tokens, recycled from earlier forwards), checks it in one forward pass, races plain greedy decoding. ",
@@ -346,6 +346,7 @@ def wire_settings(h: Handlers, session, ui: dict, views: list, model: dict) -> N
                s["load_matrix"]]
     ui["method"].change(functools.partial(fields_for_method, fields=len(tr_only)), ui["method"],
                         tr_only + [ui["intro"]])
+    ui["method"].input(h.method_chosen, [ui["method"], session], views[:-1])  # the panels before a step
     s["reset_matrix"].click(h.reset_matrix, session, views, **model)
     s["save_matrix"].click(h.save_matrix, session, [session, s["matrix_file"], ui["status"]], **model)
     s["load_matrix"].upload(h.load_matrix, inputs_kwargs={"sess": session, "file": s["load_matrix"], **settings_in},

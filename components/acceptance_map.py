@@ -35,14 +35,18 @@ def acceptance_counts(steps: list[Step]) -> dict[tuple[int, ...], list[int]]:
     return counts
 
 
-def acceptance_figure(steps: list[Step], upto: int) -> Figure:
+def acceptance_figure(steps: list[Step], upto: int, method: str = "tr") -> Figure:
+    """How often each node was accepted over steps 1 to ``upto``; ``method``: the method named before any
+    step."""
     counts = acceptance_counts(steps[:upto])
-    ptd = bool(steps) and steps[0].method == "ptd"
-    layout = panel_layout(f"Acceptance map, steps 1–{upto}:<br>how often each node was accepted",
+    ptd = (steps[0].method if steps else method) == "ptd"
+    span = f", steps 1–{upto}" if upto > 1 else ", step 1" if upto == 1 else ""
+    layout = panel_layout(f"Acceptance map{span}:<br>how often each node was accepted",
                           PTD_LEGEND if ptd else LEGEND, "acceptance")
     if not counts:
-        return figure(layout=dict(layout, annotations=[
-            note("No tree steps yet (greedy and prompt lookup draft no matrix tree)", 13)]))
+        return figure(layout=dict(layout, annotations=[note(
+            "No steps yet: press Step." if not upto else
+            "No node drafted yet: the steps so far drafted<br>nothing from the tree shape", 13)]))
     paths = [()] + sorted(counts, key=lambda p: (len(p), p))
     index = {p: i for i, p in enumerate(paths)}
     parents = [-1] + [index.get(p[:-1], 0) for p in paths[1:]]

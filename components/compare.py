@@ -85,15 +85,20 @@ def compare_methods(lm, prompt: str, max_new_tokens: int, progress=None) -> list
     return run.rows
 
 
+DASHES = ("solid", "dash", "dot", "dashdot", "longdash")
+
+
 def compare_figure(rows: list[dict]) -> go.Figure:
     fig = make_subplots(rows=1, cols=2, subplot_titles=("tokens over wall time", "tokens over forward passes"),
                         horizontal_spacing=0.1)
-    for r in rows:
-        color = COLORS.get(r["name"], "#333")
-        fig.add_trace(go.Scatter(x=r["seconds"], y=r["tokens"], name=r["name"], mode="lines",
-                                 line=dict(color=color, width=2)), row=1, col=1)
+    for i, r in enumerate(rows):
+        # a dash of its own: methods with the same MAT draw the same line over forward passes, and the one
+        # drawn last would hide the others
+        line = dict(color=COLORS.get(r["name"], "#333"), width=2, dash=DASHES[i % len(DASHES)])
+        fig.add_trace(go.Scatter(x=r["seconds"], y=r["tokens"], name=r["name"], mode="lines", line=line),
+                      row=1, col=1)
         fig.add_trace(go.Scatter(x=list(range(len(r["tokens"]))), y=r["tokens"], name=r["name"], mode="lines",
-                                 line=dict(color=color, width=2), showlegend=False), row=1, col=2)
+                                 line=line, showlegend=False), row=1, col=2)
     fig.update_xaxes(title_text="seconds", row=1, col=1)
     fig.update_xaxes(title_text="forward passes", row=1, col=2)
     fig.update_yaxes(title_text="tokens", row=1, col=1)

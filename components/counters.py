@@ -113,8 +113,9 @@ def charts_figure(accepted_lengths: list[int], speedups: list[float], max_len: i
                    dtick=1 if max_len <= 12 else (2 if max_len <= 24 else 5)),
         yaxis=dict(anchor="x", domain=[0.0, 1.0], title=axis_title("steps"), rangemode="tozero",
                    **whole(max(counts, default=1))),
-        xaxis2=dict(anchor="y2", domain=right, title=axis_title("step"), **whole(max(len(speedups), 1))),
-        yaxis2=dict(anchor="x2", domain=[0.0, 1.0], title=axis_title("speedup over greedy (×)"),
+        xaxis2=dict(anchor="y2", domain=right, title=axis_title("step"), range=[0.5, max(len(speedups), 1) + 0.5],
+                    **whole(max(len(speedups), 1))),  # steps from 1: no 0 or −1 before the first
+        yaxis2=dict(anchor="x2", domain=[0.0, 1.0], title=axis_title("speedup (×)"),  # short: a phone's gap
                     range=speedup_range(speedups)),
         annotations=[dict(text=text, x=sum(span) / 2, y=1.0, xref="paper", yref="paper", xanchor="center",
                           yanchor="bottom", showarrow=False, font=dict(size=12), yshift=10)  # clear of the plot's top

@@ -198,7 +198,7 @@ class Handlers:
         slider = gr.Slider(minimum=1, maximum=max(count, 2), step=1, interactive=count > 1,
                            label=f"History: step {shown} of {count}" if count else "History (steps appear here)",
                            **value)
-        return (sess, *draw_panels(view, shown, c.frame, c.picked), slider, message or sess.status_line())
+        return (sess, *draw_panels(view, shown, c.frame, c.picked, c.method), slider, message or sess.status_line())
 
     def failed(self, sess: Session, err: Exception) -> tuple:
         """Every failure becomes words in the page (and a toast); an unexpected one resets the session."""
@@ -452,6 +452,13 @@ class Handlers:
             sess.flight.wait_idle(RESET_WAIT)
             sess.reset()
         return (*self.render(sess, "Reset."), *ui_running(False))
+
+    def method_chosen(self, method: str, sess: Session | None, request: gr.Request = None):
+        """The Method box changed: before any step the panels describe that method (a run shown stays as it
+        is); the status line is left as it is."""
+        sess = self.session(sess, request)
+        sess.cursor.method = METHODS.get(method, "tr")
+        return self.render(sess)[:-1]
 
     def history(self, n, sess: Session | None, request: gr.Request = None):
         sess = self.session(sess, request)

@@ -35,12 +35,12 @@ PANELS = Panels._fields
 FRAMES = ("whole step", "retrieve", "verify", "accept", "recycle")
 
 
-def draw_panels(view: RunView | None, n: int | None = None, frame: int = 0, picked: int | None = None) -> Panels:
-    """Every panel of step ``n`` (None: the latest) at Teach mode's ``frame``; ``picked``: a clicked node."""
+def draw_panels(view: RunView | None, n: int | None = None, frame: int = 0, picked: int | None = None,
+                method: str = "tr") -> Panels:
+    """Every panel of step ``n`` (None: the latest) at Teach mode's ``frame``; ``picked``: a clicked node;
+    ``method``: the method the Method box names, which the panels describe before any step."""
     if view is None:
-        return Panels(tree_figure(None, str), draft_figure(None, str, ""), heatmap_figure(None, str), output_html([], str),
-                counters_html(None), charts_figure([], []), phase_html(None, str), acceptance_figure([], 0),
-                "<div class='sr-only'>Nothing decoded yet.</div>")
+        return empty_panels(method)
     n = view.clamp(n)
     step, text_of = view.step(n), view.token_text
     rows = picked_rows(step, picked)
@@ -66,6 +66,13 @@ def draw_panels(view: RunView | None, n: int | None = None, frame: int = 0, pick
             phase_html(step, text_of, frame),
             acceptance_figure(view.steps, done),
             text_alternative(view, n, frame))
+
+
+def empty_panels(method: str) -> Panels:
+    """The panels before any step, describing ``method`` ("tr" or "ptd")."""
+    return Panels(tree_figure(None, str), draft_figure(None, str, ""), heatmap_figure(None, str, method=method),
+                  output_html([], str), counters_html(None), charts_figure([], []), phase_html(None, str, method=method),
+                  acceptance_figure([], 0, method=method), "<div class='sr-only'>Nothing decoded yet.</div>")
 
 
 def recorded_on(view: RunView) -> str | None:

@@ -27,9 +27,23 @@ def hit_words(step: Step) -> str:
             if step.accepted_drafts and n > 1 else "")
 
 
-def phase_html(step: Step | None, token_text, frame: int = 0) -> str:
-    """``frame``: 0 the whole step, 1-4 the phase Teach mode is showing (highlighted)."""
-    return _with_frame(_phase_body(step, token_text, frame), frame, step)
+def phase_html(step: Step | None, token_text, frame: int = 0, method: str = "tr") -> str:
+    """``frame``: 0 the whole step, 1-4 the phase Teach mode is showing (highlighted); ``method``: the
+    method described before any step."""
+    body = BEFORE_ANY_STEP.get(method, BEFORE_ANY_STEP["tr"]) if step is None else _phase_body(step, token_text, frame)
+    return _with_frame(body, frame, step)
+
+
+BEFORE_ANY_STEP = {
+    "tr": ('<div class="phases"><b>Token Recycling</b> keeps, for every token, the 8 tokens the model last '
+           'ranked highest after it. Each step it drafts a tree from that table, checks the whole tree in one '
+           'forward pass, keeps the longest correct branch, and writes every new candidate back into the '
+           'table.</div>'),
+    "ptd": ('<div class="phases"><b>Progressive Tree Drafting</b> keeps a draft tree that rides along in each '
+            'forward pass and grows by the model\'s own next tokens; its paths go into tries of n-grams. Each step '
+            'takes the candidates the tries hold for the last token, checks them in that same forward pass, and '
+            'keeps the longest correct one. It keeps no matrix.</div>'),
+}
 
 
 def _with_frame(body: str, frame: int, step: Step | None) -> str:
@@ -70,11 +84,6 @@ def _early(step: Step) -> bool:
 
 
 def _phase_body(step: Step | None, token_text, frame: int = 0) -> str:
-    if step is None:
-        return ('<div class="phases"><b>Token Recycling</b> keeps, for every token, the 8 tokens the model last '
-                'ranked highest after it. Each step it drafts a tree from that table, checks the whole tree in one '
-                'forward pass, keeps the longest correct branch, and writes every new candidate back into the '
-                'table.</div>')
     t = step.tree
     ms = {k: v * 1000 for k, v in step.timings.items()}
     root = html.escape(visible(token_text(t.tokens[0]), 20))

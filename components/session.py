@@ -356,6 +356,7 @@ class Cursor:
     shown: int | None = None
     frame: int = 0
     picked: int | None = None
+    method: str = "tr"  # the method the Method box names: the panels describe it before any step
 
     def show(self, step: int | None, frame: int | None = None) -> None:
         """Move to ``step`` (and ``frame``, when given); a node picked on another step is let go."""
@@ -457,6 +458,7 @@ class Session:
         """A new race on ``prompt`` (returned); the matrix carries over when hot start is on."""
         check_prompt(prompt)
         s.validate(cap)
+        self.cursor.method = s.method
         epoch = self.flight.epoch
         if self.live.started_with is not None and self.live.started_with[1].model != s.model:
             self.keep_shown()  # the run stays on screen, whether or not the new model loads
@@ -559,6 +561,7 @@ class Session:
         matrix this tab hands it (``MatrixState.handed``)."""
         check_prompt(prompt)
         s.validate(cap)
+        self.cursor.method = s.method
         epoch, cold = self.flight.epoch, s.start == COLD
         rec = record(prompt, s, cap, self.matrix_state.handed(cold))
         if self.flight.epoch != epoch:
@@ -632,7 +635,7 @@ class Session:
         """Start over (Reset); ``keep_run``: the run shown stays on screen, detached (after an error)."""
         self.flight.epoch += 1  # a step or recording begun before this is dropped when it ends (Superseded)
         self.live = LiveRun(kept=self.detached_view() if keep_run else None)
-        self.replay, self.recorded, self.cursor = None, None, Cursor()
+        self.replay, self.recorded, self.cursor = None, None, Cursor(method=self.cursor.method)
         self.flight.running, self.message = None, "Reset."  # until the next step says more
 
     def close(self) -> bool:
@@ -688,7 +691,7 @@ class Session:
         from .panels import draw_panels
 
         view, c = self.view(), self.cursor
-        return draw_panels(view, view.clamp(c.shown) if view else None, c.frame, c.picked)
+        return draw_panels(view, view.clamp(c.shown) if view else None, c.frame, c.picked, c.method)
 
     def open_run(self, run: Run) -> None:
         """Replay a run file: the race stops, the panels show the file's steps from the first."""

@@ -100,6 +100,8 @@ def test_on_a_phone_the_text_follows_the_controls_and_buttons_fit_a_finger(brows
         assert text["y"] >= controls["y"] + controls["height"] - 1
         for later in ("#tree-plot", "#matrix-heatmap", "#counters", "#history-bar"):
             assert box(page, later)["y"] > text["y"], later
+        tree, phases = box(page, "#tree-plot"), box(page, "#phases")  # what the tree did, right under it
+        assert tree["y"] + tree["height"] <= phases["y"] < box(page, "#matrix-heatmap")["y"]
         assert page.locator("#output-text .tok").count() >= 2
         short = {b: box(page, b)["height"] for b in BUTTONS if box(page, b)["height"] < 44}
         assert not short, short

@@ -314,3 +314,25 @@ def test_every_plot_title_and_legend_line_fits_a_phone(hub, method, start):  # n
                     if len(line) > PHONE_LINE:
                         too_long.add(line)
     assert not too_long, sorted(too_long)
+
+
+def test_before_any_step_the_panels_describe_the_method_the_method_box_names(hub):  # noqa: F811
+    """A fresh tab, a Method box set to PTD, a Reset after a PTD run: the empty panels speak of PTD, not of
+    TR's matrix; back to TR, of TR's."""
+    from components.panels import PANELS
+
+    h = Handlers(hub, 256)
+
+    def empty(out) -> dict:
+        return dict(zip(PANELS, out[1:1 + len(PANELS)]))
+    tr = empty(h.method_chosen("Token Recycling (TR)", None))
+    assert "<b>Token Recycling</b> keeps" in tr["phases"] and "each token's k candidates" in tr["heatmap"].to_json()
+    sess = Session()
+    ptd = empty(h.method_chosen("Progressive Tree Drafting (PTD)", sess))
+    assert "Progressive Tree Drafting" in ptd["phases"] and "Token Recycling" not in ptd["phases"]
+    assert "No matrix for this method" in ptd["heatmap"].to_json() and "No steps yet" in ptd["acceptance"].to_json()
+    assert "the auto tree" not in ptd["acceptance"].to_json() and "steps 1–0" not in ptd["acceptance"].to_json()
+    sess.step(hub, PROMPT, settings(method="ptd"), cap=256)
+    after = empty(h.reset(None, sess))
+    assert "Progressive Tree Drafting" in after["phases"] and "No matrix for this method" in after["heatmap"].to_json()
+    assert "<b>Token Recycling</b> keeps" in empty(h.method_chosen("Token Recycling (TR)", sess))["phases"]
