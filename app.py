@@ -346,7 +346,8 @@ def wire_settings(h: Handlers, session, ui: dict, views: list, model: dict) -> N
                s["load_matrix"]]
     ui["method"].change(functools.partial(fields_for_method, fields=len(tr_only)), ui["method"],
                         tr_only + [ui["intro"]])
-    ui["method"].input(h.method_chosen, [ui["method"], session], views[:-1])  # the panels before a step
+    ui["method"].input(h.method_chosen, [ui["method"], session], views[:-1],  # the panels before a step
+                       show_progress="hidden")
     s["reset_matrix"].click(h.reset_matrix, session, views, **model)
     s["save_matrix"].click(h.save_matrix, session, [session, s["matrix_file"], ui["status"]], **model)
     s["load_matrix"].upload(h.load_matrix, inputs_kwargs={"sess": session, "file": s["load_matrix"], **settings_in},

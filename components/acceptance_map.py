@@ -45,7 +45,8 @@ def acceptance_figure(steps: list[Step], upto: int, method: str = "tr") -> Figur
                           PTD_LEGEND if ptd else LEGEND, "acceptance")
     if not counts:
         return figure(layout=dict(layout, annotations=[note(
-            "No steps yet: press Step." if not upto else
+            "No steps yet: press Step." if not steps else
+            "Step 1 is counted at phase 3, accept." if not upto else
             "No node drafted yet: the steps so far drafted<br>nothing from the tree shape", 13)]))
     paths = [()] + sorted(counts, key=lambda p: (len(p), p))
     index = {p: i for i, p in enumerate(paths)}

@@ -114,7 +114,7 @@ def charts_figure(accepted_lengths: list[int], speedups: list[float], max_len: i
         yaxis=dict(anchor="x", domain=[0.0, 1.0], title=axis_title("steps"), rangemode="tozero",
                    **whole(max(counts, default=1))),
         xaxis2=dict(anchor="y2", domain=right, title=axis_title("step"), range=[0.5, max(len(speedups), 1) + 0.5],
-                    **whole(max(len(speedups), 1))),  # steps from 1: no 0 or −1 before the first
+                    **dict(whole(max(len(speedups), 1)), tick0=1)),  # steps from 1: no 0 or −1 before the first
         yaxis2=dict(anchor="x2", domain=[0.0, 1.0], title=axis_title("speedup (×)"),  # short: a phone's gap
                     range=speedup_range(speedups)),
         annotations=[dict(text=text, x=sum(span) / 2, y=1.0, xref="paper", yref="paper", xanchor="center",

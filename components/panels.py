@@ -16,7 +16,6 @@ from .tokens import visible
 from .tree_plot import draft_figure, tree_figure
 
 
-
 class Panels(NamedTuple):
     """Every panel of a step, by name (a tuple in this order: the page's outputs, ``handlers.DRAWN``)."""
 
@@ -50,29 +49,34 @@ def draw_panels(view: RunView | None, n: int | None = None, frame: int = 0, pick
     done = n - 1 if frame in (1, 2) else n
     div = view.divergence(done) if done else None
     figures = view.figures(done) if done else None
-    return Panels(tree_figure(step, text_of, tree_title(view, n), frame, picked),
-            draft_figure(step, text_of, f"PTD's draft tree after step {n}<br>(it rides along in the next forward)"
-                         if view.method == "ptd" else ""),
-            heatmap_figure(step, text_of, frame, rows),
-            output_html(view.steps[:done] if frame else view.steps, text_of, view.special, current=n,
-                        mark=div and div["position"], prompt_ids=view.header.get("prompt_ids")),  # later steps dimmed
-            counters_html(figures, label, sampled=view.sampled,
-                          extra=html.escape(describe(Divergence(**div), lambda t: visible(text_of(t), 20))) if div else "",
-                          start=view.header.get("matrix_start", ""),
-                          pending=f"step {n} is counted at phase 3, accept" if done < n else "",
-                          cpu=str(view.header.get("device", "cpu")).startswith("cpu"),
-                          step_line=step_cost_line(view, done), recorded_on=recorded_on(view)),
-            charts_figure([len(s.committed) for s in view.steps[:done]], view.speedups(done), max_len=view.lookahead),
-            phase_html(step, text_of, frame),
-            acceptance_figure(view.steps, done),
-            text_alternative(view, n, frame))
+    return Panels(
+        tree=tree_figure(step, text_of, tree_title(view, n), frame, picked),
+        draft=draft_figure(step, text_of, f"PTD's draft tree after step {n}<br>(it rides along in the next forward)"
+                           if view.method == "ptd" else ""),
+        heatmap=heatmap_figure(step, text_of, frame, rows),
+        text=output_html(view.steps[:done] if frame else view.steps, text_of, view.special, current=n,
+                         mark=div and div["position"], prompt_ids=view.header.get("prompt_ids")),  # later steps dimmed
+        counters=counters_html(figures, label, sampled=view.sampled,
+                               extra=html.escape(describe(Divergence(**div), lambda t: visible(text_of(t), 20)))
+                               if div else "",
+                               start=view.header.get("matrix_start", ""),
+                               pending=f"step {n} is counted at phase 3, accept" if done < n else "",
+                               cpu=str(view.header.get("device", "cpu")).startswith("cpu"),
+                               step_line=step_cost_line(view, done), recorded_on=recorded_on(view)),
+        charts=charts_figure([len(s.committed) for s in view.steps[:done]], view.speedups(done),
+                             max_len=view.lookahead),
+        phases=phase_html(step, text_of, frame),
+        acceptance=acceptance_figure(view.steps, done),
+        alt=text_alternative(view, n, frame))
 
 
 def empty_panels(method: str) -> Panels:
     """The panels before any step, describing ``method`` ("tr" or "ptd")."""
-    return Panels(tree_figure(None, str), draft_figure(None, str, ""), heatmap_figure(None, str, method=method),
-                  output_html([], str), counters_html(None), charts_figure([], []), phase_html(None, str, method=method),
-                  acceptance_figure([], 0, method=method), "<div class='sr-only'>Nothing decoded yet.</div>")
+    return Panels(tree=tree_figure(None, str), draft=draft_figure(None, str, ""),
+                  heatmap=heatmap_figure(None, str, method=method), text=output_html([], str),
+                  counters=counters_html(None), charts=charts_figure([], []), phases=phase_html(None, str, method=method),
+                  acceptance=acceptance_figure([], 0, method=method),
+                  alt="<div class='sr-only'>Nothing decoded yet.</div>")
 
 
 def recorded_on(view: RunView) -> str | None:
@@ -136,10 +140,12 @@ def text_alternative(view: RunView, n: int, frame: int = 0) -> str:
         return "<div class='sr-only' role='note'>" + html.escape(words) + "</div>"
     t, say = step.tree, view.token_text
     path = " ".join(visible(say(t.tokens[i]), 20) for i in step.accepted_path[1:]) or "none"
-    own = visible(say(step.model_choices[step.accepted_path[-1]]), 20) if step.committed else "none"
+    k = len(step.committed)
+    own = (f"the model's own token: {visible(say(step.model_choices[step.accepted_path[-1]]), 20)}"
+           if k > step.accepted_drafts else "the text ended within the drafts")
     fig = view.figures(n) or {"speedup": 0.0}
     words = [f"Step {n} of {len(view.steps)}. Draft tree: {t.size} draft nodes; accepted drafts: {path}; "
-             f"the model's own token: {own}; committed {len(step.committed)} tokens.",
+             f"{own}; committed {k} token{'s' * (k != 1)}.",
              "" if frame == 3 else  # the writes are phase 4's
              f"Matrix: {len(step.rows_written)} row{'s' * (len(step.rows_written) != 1)} written.",
              f"Speedup after step {n}: {fig['speedup']:.2f}x.", acceptance_words(view.steps, n)]

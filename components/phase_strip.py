@@ -52,7 +52,7 @@ def _with_frame(body: str, frame: int, step: Step | None) -> str:
                             f'<div class="ph-cell ph-now"><span class="ph">{frame}.')
     if step is not None and step.method == "tr":
         hit = hit_words(step) if frame in (0, 3, 4) else ""  # Teach mode: not before the accept frame
-        why = MISSED if hit else EARLY if _early(step) else LATER  # a hit: no "early" words, one line in all
+        why = MISSED if step.accepted_drafts else EARLY if _early(step) else LATER  # a hit: no "early" words
         last = "<b>Last phase of this step:</b> Phase ▶ goes on to the next step. " if frame == 4 else ""
         pairs = PAIR_WORDS if "pair" in (step.tree.sources or []) else ""  # where a phase names them
         body += f'<div class="ph-note">{last}{hit}{why}{pairs}</div>'
@@ -132,7 +132,7 @@ def _committed_words(step: Step, own: str) -> str:
     if k == acc:
         return (f"the text ended with it (end of text or the token budget), so this step committed <b>{k}</b>, "
                 "all from the draft.")
-    return f"the token budget ended the text within it, so this step committed its first <b>{k}</b>."
+    return f"the text ended within it (end of text or the token budget), so this step committed its first <b>{k}</b>."
 
 
 # what a pair row is (tr_core.pairs), said wherever a phase names them
@@ -182,8 +182,7 @@ def _ptd_cells(step: Step, root: str, own: str, ms: dict, acc: int, frame: int =
         ("verify", f"One forward pass of {step.forward_tokens} tokens checked the candidates and, in the same "
                    f"pass, ran the {riding} nodes of the evolving draft tree ({ms.get('forward', 0):.0f} ms)."),
         ("accept", f"The longest candidate path matching the model's choices had <b>{acc}</b> token"
-                   f"{'s' * (acc != 1)}; the model added <b class='tokname'>{own}</b>, so this step committed "
-                   f"{len(step.committed)}."),
+                   f"{'s' * (acc != 1)}; " + _committed_words(step, own)),
         ("expand", f"Every draft node gained the model's next token as a child ({fate['new']} new nodes, shown in "
                    f"the draft-tree tab); {fate['pruned']} were pruned by depth stepping or the root window, and the "
                    f"new paths went into the tries ({ms.get('expand', 0):.1f} ms)."),

@@ -13,7 +13,7 @@ from tr_core.runs import MAX_BYTES, RunFileError, read_run, write_run
 KEEP_CHARS = 2_000_000  # a run kept in the browser for a reload, at most (its storage holds a few MB)
 
 from .run_view import RunView
-from .session import MAX_PROMPT_CHARS, SETTINGS_FIELDS, Session, UserError, settings_fields
+from .session import MAX_PROMPT_CHARS, METHODS, SETTINGS_FIELDS, Session, UserError, settings_fields
 
 EXAMPLE_DIR = Path(__file__).resolve().parents[1] / "assets" / "runs"
 
@@ -103,6 +103,9 @@ class RunFiles:
             return (gr.skip(), *self.handlers.render(Session())[1:-1], *fields)  # the tab's first event makes its session
         sess = self.handlers.session(current, request)
         fields = [str(kept["prompt"])[:MAX_PROMPT_CHARS]] + settings_fields(kept.get("settings"))
+        method = (kept.get("settings") or {}).get("method") if isinstance(kept.get("settings"), dict) else None
+        if method in METHODS.values():  # the Method box gets it back: the empty panels describe it
+            sess.cursor.method = method
         run, note = None, kept.get("note", "")
         if kept.get("run"):
             try:

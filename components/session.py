@@ -698,6 +698,8 @@ class Session:
         self.reset()
         self.replay = RunView.of_run(run)
         self.cursor.shown = 1
+        if self.replay.method in METHODS.values():  # the Method box follows the replay, the panels after Reset too
+            self.cursor.method = self.replay.method
 
 
 def stepped(step, n: int) -> str:

@@ -90,6 +90,8 @@ FRAME_LEGEND = {1: "Phase 1, retrieve: drafts from M's rows or pair rows<br>"
                    "model chose this token after its parent<br><span style='color:#d0455b'>✕</span> it chose "
                    "another · <span style='color:#c9ced4'>●</span> faded: below a ✕, no verdict",
                 3: LEGEND, 4: LEGEND}
+PTD_RETRIEVE = ("Phase 1, retrieve: candidates from PTD's tries<br>"
+                f"{ROOT_LEGEND}<br><span style='color:#6c8ebf'>●</span> a draft (verdict at phase 2)")
 DRAFT = "#6c8ebf"
 EMPTY_COLOR = "#444"  # a draft from a row never written (∅: the paper's full shape keeps them)
 CROWDED = 14  # rows with more nodes than this label only their accepted nodes (hover shows all)
@@ -113,7 +115,7 @@ KIND_STYLE = {  # colour, size, symbol
 
 def tree_legend(step: Step | None, frame: int) -> str:
     """The legend lines under the tree's title: the frame's, then the ∅ sign's where the tree has one."""
-    legend = FRAME_LEGEND.get(frame, LEGEND)
+    legend = PTD_RETRIEVE if frame == 1 and step is not None and step.method == "ptd" else FRAME_LEGEND.get(frame, LEGEND)
     if step is None:
         return legend
     if "empty" in (step.tree.sources or []):

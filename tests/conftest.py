@@ -87,8 +87,17 @@ def embedded_lm():
     from tr_core.cost import CostCurve
 
     lm = load_model(device=DEVICE)
-    lm.cost_curve = CostCurve(**QUIET_CPU_CURVE)
+    if DEVICE == "cpu":  # elsewhere the app's own timing, as on a GPU host
+        lm.cost_curve = CostCurve(**QUIET_CPU_CURVE)
     return lm
+
+
+def drawn(out: tuple) -> dict:
+    """A drawing handler's outputs by name: the session, then ``handlers.DRAWN`` (the panels, the history
+    slider, the status line)."""
+    from components.handlers import DRAWN
+
+    return dict(zip(("session", *DRAWN), out))
 
 
 def reference_greedy(lm, ids: list[int], max_new_tokens: int) -> list[int]:

@@ -14,7 +14,7 @@ from components.session import Session, UserError
 from tr_core.devices import name_machine
 from tr_core.runs import RunFileError, read_run, record_run
 
-from .conftest import is_skip
+from .conftest import drawn, is_skip
 from .test_app import PROMPT, settings
 
 
@@ -185,26 +185,26 @@ def test_a_step_that_ends_while_reset_waits_for_it_draws_nothing(hub):  # noqa: 
 def test_history_frames_and_linked_views(hub):  # noqa: F811
     h = Handlers(hub, 256)
     sess = stepped(hub, 3, tree="paper-80", lookup=0)
-    out = h.history(1, sess)
-    assert "Step 1:" in out[1].layout.title.text and out[-2].label.startswith("History: step 1 of 3")
+    out = drawn(h.history(1, sess))
+    assert "Step 1:" in out["tree"].layout.title.text and out["history"].label.startswith("History: step 1 of 3")
     sess.cursor.frame = 1
-    heat_before = h.render(sess)[3]
+    heat_before = drawn(h.render(sess))["heatmap"]
     assert "before" in heat_before.layout.title.text
-    kinds = {c for t in h.render(sess)[1].data for c in ([t.marker.color] if isinstance(t.marker.color, str) else
-                                                         list(t.marker.color or []))}
+    kinds = {c for t in drawn(h.render(sess))["tree"].data
+             for c in ([t.marker.color] if isinstance(t.marker.color, str) else list(t.marker.color or []))}
     assert "#2e9d4f" not in kinds  # retrieve: nothing accepted yet
     for frame in (2, 3, 4):
-        out = h.next_frame(None, sess, PROMPT, teach=True)
+        out = drawn(h.next_frame(None, sess, PROMPT, teach=True))
         assert sess.cursor.frame == frame
-    assert "ph-now" in out[7] and "recycle" in out[7].split("ph-now")[1][:40].lower()
-    assert "after" in out[3].layout.title.text
+    assert "ph-now" in out["phases"] and "recycle" in out["phases"].split("ph-now")[1][:40].lower()
+    assert "after" in out["heatmap"].layout.title.text
     step = sess.live.race.decoder.steps[0]
     node = step.accepted_path[-1] if len(step.accepted_path) > 1 else 1
-    out = h.pick_node(f"{node}:123", sess)
-    assert out[3].layout.shapes, "the clicked node's rows are outlined"
+    out = drawn(h.pick_node(f"{node}:123", sess))
+    assert out["heatmap"].layout.shapes, "the clicked node's rows are outlined"
     last_token = len(sess.live.race.decoder.output) - 1
-    out = h.pick_token(f"{last_token}:1", sess)
-    assert sess.cursor.shown == 3 and "step 3 of 3" in out[-2].label
+    out = drawn(h.pick_token(f"{last_token}:1", sess))
+    assert sess.cursor.shown == 3 and "step 3 of 3" in out["history"].label
     out = h.pick_token("0:1", sess)
     assert sess.cursor.shown == 1
 
@@ -214,14 +214,15 @@ def test_first_steps_leave_out_blank_drafts_say_so_and_stay_greedy(hub):  # noqa
     first, second = sess.live.race.decoder.steps
     assert first.blank_drafts > 0 and "empty" not in first.tree.sources  # rows never written: not drafted
     assert first.forward_tokens == first.tree.size + 1 < 81
-    tree_fig, _, heat, _, counters, _, phases, _, alt = sess.views()
+    panels = sess.views()
+    tree_fig, phases = panels.tree, panels.phases
     assert second.blank_drafts > 0 and "left out" in phases and "∅" in phases  # the strip says why
     ghosts = [tr for tr in tree_fig.data if tr.text is not None and "∅" in list(tr.text)]
     assert len(ghosts) == 1 and len(ghosts[0].x) == len(second.blank_under) > 0  # a hollow ∅ leaf under each
     assert all("never written" in h and "left out" in h for h in ghosts[0].hovertext)
     assert "no candidates after the token above" in tree_fig.layout.title.text
-    assert "identical to greedy" in counters
-    assert "Step 2 of 2" in alt
+    assert "identical to greedy" in panels.counters
+    assert "Step 2 of 2" in panels.alt
 
 
 @pytest.mark.parametrize("make", [lambda tmp: str(tmp / "exists.json"), lambda tmp: str(tmp / "missing.json"),

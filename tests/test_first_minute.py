@@ -13,7 +13,7 @@ from components.run_files import EXAMPLE_DIR, example_runs, open_run_bytes
 from components.session import PAGE_MAX_NODES, SHIPPED_MATRIX, Session, UserError
 from tr_core import AdjacencyMatrix
 
-from .conftest import is_skip
+from .conftest import drawn, is_skip
 from .test_app import PROMPT, settings
 
 
@@ -109,8 +109,8 @@ def test_teach_frames_show_no_verdict_before_it_happens(hub):  # noqa: F811
         sess.step(hub, PROMPT, settings(tree="tr-16"), cap=256)
     second = sess.live.race.decoder.steps[1]
     sess.cursor.frame = 1
-    out = h.render(sess)
-    text, counters, phases = out[4], out[5], out[7]
+    out = drawn(h.render(sess))
+    text, counters, phases = out["text"], out["counters"], out["phases"]
     assert text.count('title="step ') == len(sess.live.race.decoder.steps[0].committed)  # step 2's tokens not yet
     first = sess.live.race.baseline[0]  # greedy's side after step 1: as many tokens as TR's step 1 committed
     forwards = re.search(r"forward passes</th><td>(\d+)</td><td>(\d+)</td>", counters)
@@ -118,14 +118,14 @@ def test_teach_frames_show_no_verdict_before_it_happens(hub):  # noqa: F811
     assert "counted at phase 3" in counters
     later = phases.split("2. verify")[1]
     assert "Phase ▶ shows it" in later and "committed" not in later  # accept and recycle still hidden
-    hovers = " ".join(h for t in out[1].data for h in (t.hovertext or []) if isinstance(h, str))
+    hovers = " ".join(h for t in out["tree"].data for h in (t.hovertext or []) if isinstance(h, str))
     assert "accepted" not in hovers and "rejected" not in hovers and "choice" not in hovers  # nor on hover
-    assert "verdict comes at phase 3" in out[9]  # nor in the words for screen readers
+    assert "verdict comes at phase 3" in out["alt"]  # nor in the words for screen readers
     sess.cursor.frame = 3
-    out = h.render(sess)
-    assert out[4].count('title="step ') == len(sess.live.race.decoder.output)  # accept: the new tokens are in
-    assert "counted at phase 3" not in out[5] and "Phase ▶ shows it" in out[7].split("3. accept")[1]
-    assert f"<b>{len(second.committed)}</b>" in out[7]
+    out = drawn(h.render(sess))
+    assert out["text"].count('title="step ') == len(sess.live.race.decoder.output)  # accept: the new tokens are in
+    assert "counted at phase 3" not in out["counters"] and "Phase ▶ shows it" in out["phases"].split("3. accept")[1]
+    assert f"<b>{len(second.committed)}</b>" in out["phases"]
 
 
 def test_the_sampling_sentence_compares_the_texts_before_it_speaks():
@@ -319,20 +319,19 @@ def test_every_plot_title_and_legend_line_fits_a_phone(hub, method, start):  # n
 def test_before_any_step_the_panels_describe_the_method_the_method_box_names(hub):  # noqa: F811
     """A fresh tab, a Method box set to PTD, a Reset after a PTD run: the empty panels speak of PTD, not of
     TR's matrix; back to TR, of TR's."""
-    from components.panels import PANELS
-
-    h = Handlers(hub, 256)
-
-    def empty(out) -> dict:
-        return dict(zip(PANELS, out[1:1 + len(PANELS)]))
+    h, empty = Handlers(hub, 256), drawn  # the outputs by name (the Method box's leave the status line out)
     tr = empty(h.method_chosen("Token Recycling (TR)", None))
     assert "<b>Token Recycling</b> keeps" in tr["phases"] and "each token's k candidates" in tr["heatmap"].to_json()
     sess = Session()
     ptd = empty(h.method_chosen("Progressive Tree Drafting (PTD)", sess))
     assert "Progressive Tree Drafting" in ptd["phases"] and "Token Recycling" not in ptd["phases"]
     assert "No matrix for this method" in ptd["heatmap"].to_json() and "No steps yet" in ptd["acceptance"].to_json()
-    assert "the auto tree" not in ptd["acceptance"].to_json() and "steps 1–0" not in ptd["acceptance"].to_json()
+    title = ptd["acceptance"].layout.title.text
+    assert "the auto tree" not in ptd["acceptance"].to_json() and title.startswith("Acceptance map:<br>")
     sess.step(hub, PROMPT, settings(method="ptd"), cap=256)
     after = empty(h.reset(None, sess))
     assert "Progressive Tree Drafting" in after["phases"] and "No matrix for this method" in after["heatmap"].to_json()
     assert "<b>Token Recycling</b> keeps" in empty(h.method_chosen("Token Recycling (TR)", sess))["phases"]
+    replayed = Session()  # a PTD run file opened (the Method box follows it), then Reset: PTD's panels
+    open_run_bytes(replayed, (EXAMPLE_DIR / "ptd-days-of-the-week.json").read_bytes(), "ptd-days-of-the-week.json")
+    assert "Progressive Tree Drafting" in empty(h.reset(None, replayed))["phases"]

@@ -265,7 +265,7 @@ ISA_FLAGS = ("avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx5
 def cpu_info() -> dict:
     """What a benchmark report says of the CPU: its model, the ISA PyTorch dispatches to, the vector
     flags that matter for the kernels here, and which oneDNN packings work (probed)."""
-    capability = getattr(getattr(torch.backends, "cpu", None), "get_cpu_capability", lambda: "unknown")()
+    capability = torch_isa()
     flags = _cpu_flags()
     return {"model": _cpu_model(), "arch": platform.machine(), "cores": os.cpu_count(),
             "threads": torch.get_num_threads(), "torch_isa": capability,
@@ -499,9 +499,22 @@ def name_machine(device: torch.device) -> str:
     file records of the machine that timed it)."""
     if device.type == "cuda":
         return cuda_name(device) or "GPU"
-    capability = getattr(getattr(torch.backends, "cpu", None), "get_cpu_capability", lambda: "unknown")()
-    return f"{_cpu_model()} ({capability}, {plural(os.cpu_count() or 1, 'core')})"
+    return f"{_cpu_model()} ({torch_isa()}, {plural(usable_cores(), 'core')})"
+
+
+def torch_isa() -> str:
+    """The instruction set PyTorch's CPU kernels dispatch to (e.g. "AVX2", "AVX512")."""
+    return getattr(getattr(torch.backends, "cpu", None), "get_cpu_capability", lambda: "unknown")()
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (a container's or a Space's share, not the host's count)."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):  # not on Linux
+        return os.cpu_count() or 1
 
 
 def plural(n: int, word: str) -> str:
+    """``n`` and ``word``, in the plural unless ``n`` is 1."""
     return f"{n} {word}{'s' * (n != 1)}"

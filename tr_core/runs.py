@@ -8,7 +8,7 @@ Layout (``FORMAT`` = "token-recycling-run", ``VERSION`` = 1)::
 
     {"format", "version",
      "header": {"model", "dtype", "device", "machine", "template", "method", "settings": {...}, "prompt",
-                "prompt_ids"},  # machine: the CPU's model or the GPU's name (files without it still read)
+                "prompt_ids"},  # machine: the CPU's model, ISA and cores, or the GPU's name (files without it still read)
      "steps": [Step.to_dict(), ...],
      "baseline": [{"tokens", "forwards", "seconds", "reading", "alongside"} after each step],  # greedy's progress in the race
                                   # (seconds: its steps', reading the prompt included, which was "reading" of them)
