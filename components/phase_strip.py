@@ -35,8 +35,8 @@ def phase_html(step: Step | None, token_text, frame: int = 0, method: str = "tr"
 
 
 BEFORE_ANY_STEP = {
-    "tr": ('<div class="phases"><b>Token Recycling</b> keeps, for every token, the 8 tokens the model last '
-           'ranked highest after it. Each step it drafts a tree from that table, checks the whole tree in one '
+    "tr": ('<div class="phases"><b>Token Recycling</b> keeps, for every token, the k tokens (8 by default) the '
+           'model last ranked highest after it. Each step it drafts a tree from that table, checks the whole tree in one '
            'forward pass, keeps the longest correct branch, and writes every new candidate back into the '
            'table.</div>'),
     "ptd": ('<div class="phases"><b>Progressive Tree Drafting</b> keeps a draft tree that rides along in each '

@@ -268,7 +268,7 @@ def _blank_leaves(step: Step, token_text, pos: dict, spot: dict) -> list[dict]:
 def _node_traces(step: Step, token_text, marks: list[Mark], kinds, sources, picked, frame: int,
                  sides: dict) -> list[dict]:
     """The tree's nodes, dim ones first (drawn under the others); a label where ``sides`` places it; a ring
-    round the ``picked`` one."""
+    round the ``picked`` one, drawn first so that the labels stay readable over it."""
     order = sorted(range(len(kinds)), key=lambda j: kinds[j] in ("accepted", "root", "match"))
     styles = [_style(kinds[j], sources[j]) for j in order]
     faded = [kinds[j] in ("rejected", "miss", "moot") for j in order]
@@ -281,8 +281,8 @@ def _node_traces(step: Step, token_text, marks: list[Mark], kinds, sources, pick
                     line=dict(width=1.5, color=[s[0] for s in styles]), opacity=[0.6 if f else 1.0 for f in faded]),
         hovertext=[_hover(step, j, token_text, sources, frame) for j in order], hoverinfo="text")]
     if picked is not None and 0 <= picked < len(kinds):
-        traces.append(scatter(x=[marks[picked].x], y=[marks[picked].y], mode="markers", hoverinfo="skip",
-                              marker=dict(size=30, symbol="circle-open", color="#d0455b", line=dict(width=3))))
+        traces.insert(0, scatter(x=[marks[picked].x], y=[marks[picked].y], mode="markers", hoverinfo="skip",
+                                 marker=dict(size=30, symbol="circle-open", color="#d0455b", line=dict(width=3))))
     return traces
 
 
