@@ -112,17 +112,15 @@ def compare_table(rows: list[dict]) -> str:
     g_rate = greedy["tokens"][-1] / greedy["seconds"][-1] if greedy["seconds"][-1] else 0.0
     head = ("<table class='counters compare'><tr><th>method</th><th>tokens</th><th>forwards</th>"
             "<th>MAT</th><th>tok/s</th><th>speedup</th><th>output</th></tr>")
-    body, varied = [], []
+    body, varied = [], False
     for r in rows:
         n, f, s = r["tokens"][-1], len(r["tokens"]) - 1, r["seconds"][-1]
         rate = n / s if s else 0.0
         speedup = rate / g_rate if g_rate else 0.0
         same = r["output"] == greedy["output"]
         verdict = "<span class='ok'>✔ identical to greedy</span>" if same else "<span class='bad'>✘ differs</span>"
-        mark = ""
-        if r is not greedy and n <= f and speedup > 1:  # MAT 1.00: greedy's work for every token
-            varied.append(r["name"])
-            mark = "*"
+        mark = "*" if r is not greedy and n <= f and speedup > 1 else ""  # MAT 1.00: greedy's work for every token
+        varied = varied or bool(mark)
         body.append(f"<tr><th>{html.escape(r['name'])}</th><td>{n}</td><td>{f}</td><td>{n / max(f, 1):.2f}</td>"
                     f"<td>{rate:.1f}</td><td>{speedup:.2f}×{mark}</td><td>{verdict}</td></tr>")
     note = ("<div class='legend'>MAT = tokens per forward pass. Speedup = tok/s over greedy's, measured here "

@@ -23,9 +23,8 @@ def cost_words(fig: dict, cpu: bool, recorded_on: str | None = None) -> str:
         return ""
     cost = (tr["seconds"] / tr["forwards"]) / (g["seconds"] / g["forwards"])
     words = (f"{fig['speedup']:.2f}× = MAT {tr['mat']:.2f} ÷ {cost:.2f}: on {recorded_on or 'this machine'} a "
-             f"step of the method "
-             f"took {cost:.2f}× as long as a greedy step, on average over the run so far, the reading of the "
-             f"prompt included.")
+             f"step of the method took {cost:.2f}× as long as a greedy step, on average over the run so far, the "
+             "reading of the prompt included.")
     if tr["tokens"] <= tr["forwards"] and fig["speedup"] > 1:
         words += (" No draft has been accepted yet, so the method has done at least a greedy step's work for "
                   "every token: a figure above 1× here is how step times vary from one step to the next, not a "

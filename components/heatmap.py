@@ -29,6 +29,8 @@ def legend(frame: int) -> str:
     return f"{ROWS}{marks}<b>after</b> the writes: {COLOURS}<br>{SIGNS}"
 
 
+NO_MATRIX = {"greedy": "Greedy decoding keeps no matrix",
+             "ptd": "PTD keeps no matrix: its drafts are n-grams<br>from its tries (see the phase strip)"}
 EMPTY_START = "Each step writes the rows of every token<br>it ran through the model (the recycling)."
 
 
@@ -40,14 +42,14 @@ def heatmap_figure(step: Step | None, token_text, frame: int = 0, picked: list[i
     before = frame in (1, 2, 3)
     if step is None or not step.rows_written:
         method = step.method if step is not None else method
-        words = {"greedy": "Greedy decoding keeps no matrix",
-                 "ptd": "PTD keeps no matrix: its drafts are n-grams<br>from its tries (see the phase strip)"}
-        title, key = (("No matrix for this method", "The matrix M is Token Recycling's: shown when TR runs")
-                      if method != "tr" else  # no TR words under another method
-                      ("The matrix M: each token's k candidates", legend(frame)))
-        words["tr"] = "No rows written yet" if step else "No rows yet: press Step.<br>" + EMPTY_START
+        if method != "tr":  # no TR words under another method
+            title, key = "No matrix for this method", "The matrix M is Token Recycling's: shown when TR runs"
+            words = NO_MATRIX.get(method, "No rows written yet")
+        else:
+            title, key = "The matrix M: each token's k candidates", legend(frame)
+            words = "No rows written yet" if step else "No rows yet: press Step.<br>" + EMPTY_START
         return figure(layout=dict(matrix_layout(title, key), xaxis=dict(visible=False), yaxis=dict(visible=False),
-                                  annotations=[note(words.get(method, words["tr"]), 13)]))
+                                  annotations=[note(words, 13)]))
     guessing = frame in (1, 2)  # Teach mode before the verdict: nothing may tell which path is accepted
     rows = _ordered_rows(step, picked or [], by_path=not guessing)
     shown = rows[:MAX_ROWS]

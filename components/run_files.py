@@ -103,7 +103,7 @@ class RunFiles:
             return (gr.skip(), *self.handlers.render(Session())[1:-1], *fields)  # the tab's first event makes its session
         sess = self.handlers.session(current, request)
         fields = [str(kept["prompt"])[:MAX_PROMPT_CHARS]] + settings_fields(kept.get("settings"))
-        method = (kept.get("settings") or {}).get("method") if isinstance(kept.get("settings"), dict) else None
+        method = kept["settings"].get("method") if isinstance(kept.get("settings"), dict) else None
         if method in METHODS.values():  # the Method box gets it back: the empty panels describe it
             sess.cursor.method = method
         run, note = None, kept.get("note", "")

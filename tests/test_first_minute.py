@@ -319,19 +319,19 @@ def test_every_plot_title_and_legend_line_fits_a_phone(hub, method, start):  # n
 def test_before_any_step_the_panels_describe_the_method_the_method_box_names(hub):  # noqa: F811
     """A fresh tab, a Method box set to PTD, a Reset after a PTD run: the empty panels speak of PTD, not of
     TR's matrix; back to TR, of TR's."""
-    h, empty = Handlers(hub, 256), drawn  # the outputs by name (the Method box's leave the status line out)
-    tr = empty(h.method_chosen("Token Recycling (TR)", None))
+    h = Handlers(hub, 256)
+    tr = drawn(h.method_chosen("Token Recycling (TR)", None))
     assert "<b>Token Recycling</b> keeps" in tr["phases"] and "each token's k candidates" in tr["heatmap"].to_json()
     sess = Session()
-    ptd = empty(h.method_chosen("Progressive Tree Drafting (PTD)", sess))
+    ptd = drawn(h.method_chosen("Progressive Tree Drafting (PTD)", sess))
     assert "Progressive Tree Drafting" in ptd["phases"] and "Token Recycling" not in ptd["phases"]
     assert "No matrix for this method" in ptd["heatmap"].to_json() and "No steps yet" in ptd["acceptance"].to_json()
     title = ptd["acceptance"].layout.title.text
     assert "the auto tree" not in ptd["acceptance"].to_json() and title.startswith("Acceptance map:<br>")
     sess.step(hub, PROMPT, settings(method="ptd"), cap=256)
-    after = empty(h.reset(None, sess))
+    after = drawn(h.reset(None, sess))
     assert "Progressive Tree Drafting" in after["phases"] and "No matrix for this method" in after["heatmap"].to_json()
-    assert "<b>Token Recycling</b> keeps" in empty(h.method_chosen("Token Recycling (TR)", sess))["phases"]
+    assert "<b>Token Recycling</b> keeps" in drawn(h.method_chosen("Token Recycling (TR)", sess))["phases"]
     replayed = Session()  # a PTD run file opened (the Method box follows it), then Reset: PTD's panels
     open_run_bytes(replayed, (EXAMPLE_DIR / "ptd-days-of-the-week.json").read_bytes(), "ptd-days-of-the-week.json")
-    assert "Progressive Tree Drafting" in empty(h.reset(None, replayed))["phases"]
+    assert "Progressive Tree Drafting" in drawn(h.reset(None, replayed))["phases"]
